@@ -1,0 +1,212 @@
+"""Decoder backends: one seam, several transports (like httpx transports).
+
+* :class:`HFBackend`: transformers, CPU or GPU; ``inputs_embeds`` when soft rows are present; batched with
+  left padding; greedy or seeded sampling; stop strings; last-token logits only.
+* :class:`FakeBackend`: deterministic, no model; for fast tests of everything around the decoder.
+
+Every backend takes :class:`~compressor.prompt.Prompt` objects and returns :class:`Generation` results with
+the time to first token measured separately from the whole call.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from compressor.errors import InputError
+from compressor.prompt import Prompt, PromptBuilder, PromptTemplate, embed_prompt
+
+__all__ = ["GenerationParams", "Generation", "DecoderBackend", "HFBackend", "FakeBackend"]
+
+
+class GenerationParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_new_tokens: int = Field(default=32, ge=1, le=4096, description="Tokens to generate at most.")
+    temperature: float = Field(default=0.0, ge=0.0, le=5.0, description="0 = greedy.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(default=None, description="Seed for sampling.")
+    stop: list[str] | None = Field(default=None, description="Stop strings; None uses the prompt's own.")
+
+
+class Generation(BaseModel):
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    finish_reason: str
+    ttft_s: float
+    e2e_s: float
+
+
+class DecoderBackend(ABC):
+    """A decoder that turns prompts into text. ``tokenizer`` counts tokens and builds prompts."""
+
+    tokenizer: Any
+    model_name: str
+
+    def prompt_builder(self, template: PromptTemplate | None = None) -> PromptBuilder:
+        return PromptBuilder(self.tokenizer, template)
+
+    @property
+    def hidden_size(self) -> int | None:
+        return None
+
+    @abstractmethod
+    def generate(self, prompts: Sequence[Prompt], params: GenerationParams | None = None) -> list[Generation]:
+        """Generate one continuation per prompt."""
+
+
+def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    cut = len(text)
+    for s in stops:
+        i = text.find(s)
+        if i >= 0:
+            cut = min(cut, i)
+    return text[:cut], cut < len(text)
+
+
+class HFBackend(DecoderBackend):
+    """A transformers causal LM. Build from a name/folder with :meth:`load` or wrap a loaded model."""
+
+    def __init__(self, model: Any, tokenizer: Any, model_name: str = "custom") -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        eos = set()
+        for src in (getattr(model, "generation_config", None), tokenizer):
+            e = getattr(src, "eos_token_id", None)
+            if e is not None:
+                eos.update(e if isinstance(e, (list, tuple)) else [e])
+        self.eos_ids = eos
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (min(eos) if eos else 0)
+
+    @classmethod
+    def load(cls, name_or_path: str = "smollm2-135m-instruct", dtype: str = "bfloat16", device: str = "cpu") -> HFBackend:
+        from compressor.models import load_causal_lm
+
+        model, tok = load_causal_lm(name_or_path, dtype=dtype, device=device)
+        return cls(model, tok, model_name=str(name_or_path))
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.get_text_config().hidden_size)
+
+    def _batch_inputs(self, prompts: Sequence[Prompt]) -> dict[str, Any]:
+        import torch
+
+        device = self.model.get_input_embeddings().weight.device
+        lens = [len(p) for p in prompts]
+        if min(lens) == 0:
+            raise InputError("a prompt is empty")
+        L = max(lens)
+        mask = torch.zeros(len(prompts), L, dtype=torch.long, device=device)
+        for i, n in enumerate(lens):
+            mask[i, L - n:] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        if not any(p.has_soft for p in prompts):
+            ids = torch.full((len(prompts), L), self.pad_id, dtype=torch.long, device=device)
+            for i, p in enumerate(prompts):
+                ids[i, L - lens[i]:] = torch.tensor(p.token_ids, device=device)
+            return {"input_ids": ids, "attention_mask": mask, "position_ids": pos}
+        pad_row = self.model.get_input_embeddings()(torch.tensor([self.pad_id], device=device))[0]
+        rows = []
+        for p, n in zip(prompts, lens):
+            e = embed_prompt(self.model, p)
+            if e.shape[-1] != self.hidden_size:
+                raise InputError(f"soft rows have width {e.shape[-1]}, the decoder's hidden size is {self.hidden_size}")
+            rows.append(torch.cat([pad_row.expand(L - n, -1), e], dim=0) if n < L else e)
+        return {"inputs_embeds": torch.stack(rows), "attention_mask": mask, "position_ids": pos}
+
+    def generate(self, prompts: Sequence[Prompt], params: GenerationParams | None = None) -> list[Generation]:
+        import torch
+
+        params = params or GenerationParams()
+        if not prompts:
+            return []
+        t0 = time.perf_counter()
+        gen = None
+        if params.temperature > 0:
+            gen = torch.Generator(device="cpu")
+            gen.manual_seed(params.seed if params.seed is not None else 0)
+        with torch.inference_mode():
+            inputs = self._batch_inputs(prompts)
+            mask, pos = inputs["attention_mask"], inputs["position_ids"]
+            out = self.model(**inputs, use_cache=True, logits_to_keep=1)
+            B = len(prompts)
+            tokens: list[list[int]] = [[] for _ in range(B)]
+            texts = [""] * B
+            done = [False] * B
+            reasons = ["length"] * B
+            stops = [tuple(params.stop) if params.stop is not None else p.stop for p in prompts]
+            ttft = None
+            for step in range(params.max_new_tokens):
+                nxt = self._pick(out.logits[:, -1, :], params, gen)
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+                for i in range(B):
+                    if done[i]:
+                        continue
+                    t = int(nxt[i])
+                    if t in self.eos_ids:
+                        done[i], reasons[i] = True, "stop"
+                        continue
+                    tokens[i].append(t)
+                    texts[i] = self.tokenizer.decode(tokens[i], skip_special_tokens=True)
+                    cut, hit = _cut_at_stop(texts[i], stops[i])
+                    if hit:
+                        texts[i], done[i], reasons[i] = cut, True, "stop"
+                if all(done) or step == params.max_new_tokens - 1:
+                    break
+                mask = torch.cat([mask, mask.new_ones(B, 1)], dim=1)
+                pos = pos[:, -1:] + 1
+                out = self.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos,
+                                 past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
+        e2e = time.perf_counter() - t0
+        return [
+            Generation(text=texts[i], token_ids=tokens[i], prompt_tokens=len(prompts[i]), finish_reason=reasons[i],
+                       ttft_s=ttft or e2e, e2e_s=e2e)
+            for i in range(B)
+        ]
+
+    @staticmethod
+    def _pick(logits: Any, params: GenerationParams, gen: Any) -> Any:
+        import torch
+
+        if params.temperature <= 0:
+            return logits.argmax(-1)
+        probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+        if params.top_p < 1.0:
+            sp, si = probs.sort(dim=-1, descending=True)
+            keep = sp.cumsum(-1) - sp < params.top_p
+            sp = sp * keep
+            probs = torch.zeros_like(probs).scatter(-1, si, sp)
+        return torch.multinomial(probs.cpu(), 1, generator=gen)[:, 0].to(logits.device)
+
+
+class FakeBackend(DecoderBackend):
+    """Deterministic stand-in for tests: answers with the ``answer_words`` last words of the prompt text, or
+    a fixed reply. Uses a real tokenizer so token counts are real."""
+
+    def __init__(self, tokenizer: Any, reply: str | None = None, model_name: str = "fake") -> None:
+        self.tokenizer = tokenizer
+        self.reply = reply
+        self.model_name = model_name
+        self.calls: list[Prompt] = []
+
+    def generate(self, prompts: Sequence[Prompt], params: GenerationParams | None = None) -> list[Generation]:
+        params = params or GenerationParams()
+        out = []
+        for p in prompts:
+            self.calls.append(p)
+            t0 = time.perf_counter()
+            text = self.reply if self.reply is not None else f"{len(p)} prompt rows"
+            ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])[: params.max_new_tokens]
+            text = self.tokenizer.decode(ids)
+            dt = time.perf_counter() - t0
+            out.append(Generation(text=text, token_ids=ids, prompt_tokens=len(p), finish_reason="stop",
+                                  ttft_s=dt, e2e_s=dt))
+        return out

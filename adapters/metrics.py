@@ -1,0 +1,70 @@
+"""SQuAD-style answer normalisation, EM, F1, answer-contained accuracy, and evidence recall."""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+
+from compressor.base import CompressedContext, Passage
+
+__all__ = ["normalize_answer", "exact_match", "f1_score", "accuracy", "evidence_recall"]
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+
+
+def normalize_answer(s: str) -> str:
+    """Lower-case, drop punctuation and articles, squeeze whitespace (the SQuAD script's normalisation)."""
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in _PUNCT)
+    s = _ARTICLES.sub(" ", s)
+    return " ".join(s.split())
+
+
+def exact_match(pred: str, golds: Sequence[str]) -> float:
+    p = normalize_answer(pred)
+    return float(any(p == normalize_answer(g) for g in golds)) if golds else float(not p)
+
+
+def _f1(pred: str, gold: str) -> float:
+    pt, gt = normalize_answer(pred).split(), normalize_answer(gold).split()
+    common = Counter(pt) & Counter(gt)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    prec, rec = same / len(pt), same / len(gt)
+    return 2 * prec * rec / (prec + rec)
+
+
+def f1_score(pred: str, golds: Sequence[str]) -> float:
+    return max((_f1(pred, g) for g in golds), default=float(not normalize_answer(pred)))
+
+
+def accuracy(pred: str, golds: Sequence[str]) -> float:
+    """1 if any normalised gold answer is contained in the normalised prediction."""
+    p = f" {normalize_answer(pred)} "
+    return float(any(f" {normalize_answer(g)} " in p for g in golds if normalize_answer(g)))
+
+
+def evidence_recall(ctx: CompressedContext, passages: Sequence[Passage], min_cover: float = 0.9) -> float | None:
+    """Share of labelled evidence spans still present: a span counts when at least ``min_cover`` of its
+    non-space characters lie inside kept spans. None when the data labels no evidence. Soft contexts keep
+    every passage they encode; dropped passages lose their evidence."""
+    total, kept = 0, 0
+    by_index = {p.index: p for p in ctx.passages}
+    for i, p in enumerate(passages):
+        for s, e in p.evidence or ():
+            total += 1
+            cp = by_index.get(i)
+            if cp is None:
+                continue
+            if ctx.kind == "soft":
+                kept += 1
+                continue
+            chars = [k for k in range(s, e) if not p.text[k].isspace()]
+            inside = sum(1 for k in chars if any(a <= k < b for a, b in cp.spans))
+            if chars and inside / len(chars) >= min_cover:
+                kept += 1
+    return kept / total if total else None

@@ -1,0 +1,135 @@
+"""The app developer's entry points.
+
+* :class:`RAGPipeline`: one call, query + passages -> answer + compression stats.
+* :func:`compress_messages`: a wrapper for an existing chat ``create`` function (an OpenAI client's
+  ``chat.completions.create``, a transformers text-generation pipeline, ...) that compresses the documents it
+  is given and leaves the rest of the call untouched.
+
+Data path: request -> pipeline -> compressor -> prompt builder -> decoder backend -> response.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from compressor.base import Budget, CompressedContext, Compressor, TokenCounter, coerce_passages
+from compressor.errors import InputError
+from compressor.prompt import PromptTemplate
+from compressor.registry import get_compressor, get_spec
+
+from .backends import DecoderBackend, GenerationParams, HFBackend
+
+__all__ = ["Answer", "RAGPipeline", "compress_messages"]
+
+
+class Answer(BaseModel):
+    """An answer with the numbers that explain it."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    text: str
+    method: str
+    tokens_in: int
+    tokens_out: int
+    ratio: float | None
+    prompt_tokens: int
+    compress_s: float
+    ttft_s: float
+    e2e_s: float
+    context: CompressedContext
+
+
+class RAGPipeline:
+    """Compress passages with one registered method, then answer with one decoder.
+
+    >>> pipe = RAGPipeline(decoder="smollm2-135m-instruct", method="none")   # doctest: +SKIP
+    >>> pipe.answer("Who wrote Hamlet?", ["Hamlet is a tragedy by William Shakespeare."]).text  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        decoder: str | DecoderBackend = "smollm2-135m-instruct",
+        method: str | Compressor = "none",
+        budget: Budget | dict | None = None,
+        template: PromptTemplate | None = None,
+        params: GenerationParams | None = None,
+        **method_options: Any,
+    ) -> None:
+        self.backend = decoder if isinstance(decoder, DecoderBackend) else HFBackend.load(decoder)
+        self.counter = TokenCounter.from_tokenizer(self.backend.tokenizer)
+        if isinstance(method, Compressor):
+            self.compressor = method
+        else:
+            get_spec(method)  # unknown names fail before any model loads
+            self.compressor = get_compressor(method, counter=self.counter, **method_options)
+        self.budget = budget if isinstance(budget, Budget) or budget is None else Budget(**budget)
+        self.builder = self.backend.prompt_builder(template)
+        self.params = params or GenerationParams()
+
+    def compress(self, query: str, passages: Sequence[Any], budget: Budget | dict | None = None) -> CompressedContext:
+        return self.compressor.compress(query, passages, budget if budget is not None else self.budget)
+
+    def answer(self, query: str, passages: Sequence[Any], budget: Budget | dict | None = None) -> Answer:
+        return self.answer_batch([(query, passages)], budget)[0]
+
+    def answer_batch(self, items: Sequence[tuple[str, Sequence[Any]]], budget: Budget | dict | None = None) -> list[Answer]:
+        """Compress each item, then decode all prompts in one batch."""
+        ctxs = [self.compress(q, p, budget) for q, p in items]
+        prompts = [self.builder.build(c) for c in ctxs]
+        gens = self.backend.generate(prompts, self.params)
+        return [
+            Answer(text=g.text.strip(), method=c.method, tokens_in=c.tokens_in, tokens_out=c.tokens_out,
+                   ratio=c.ratio, prompt_tokens=g.prompt_tokens, compress_s=c.compress_s, ttft_s=g.ttft_s,
+                   e2e_s=g.e2e_s + c.compress_s, context=c)
+            for c, g in zip(ctxs, gens)
+        ]
+
+
+def _documents_block(ctx: CompressedContext) -> str:
+    lines = []
+    for i, p in enumerate(ctx.passages, 1):
+        lines.append(f"[{i}] {p.title}: {p.text}" if p.title else f"[{i}] {p.text}")
+    return "Documents:\n" + "\n".join(lines)
+
+
+def compress_messages(
+    create: Callable[..., Any], compressor: Compressor, budget: Budget | dict | None = None
+) -> Callable[..., Any]:
+    """Wrap a chat ``create(messages=..., **kw)`` function: it gains a ``documents=`` keyword.
+
+    The documents are compressed against the last user message (the question) and prepended to it as a
+    ``Documents:`` block; the system prompt, earlier turns, the question itself and every other keyword go
+    through unchanged. Text methods only (a remote chat API takes text). The compression stats of the last
+    call are kept on ``wrapped.last_context``.
+    """
+    if compressor.kind != "text":
+        raise InputError(f"compress_messages needs a text method; {compressor.name!r} produces soft prompts")
+
+    @functools.wraps(create)
+    def wrapped(*args: Any, documents: Sequence[Any] | None = None, **kwargs: Any) -> Any:
+        if documents is None:
+            return create(*args, **kwargs)
+        if "messages" in kwargs:
+            messages = kwargs["messages"]
+        elif args:
+            messages, args = args[0], args[1:]
+        else:
+            raise InputError("the wrapped call got no messages; pass messages=[...]")
+        messages = [dict(m) for m in messages]
+        users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+        if not users or not isinstance(messages[users[-1]].get("content"), str):
+            raise InputError("documents= needs a last user message with string content (the question)")
+        last = users[-1]
+        ctx = compressor.compress(messages[last]["content"], coerce_passages(documents), budget)
+        wrapped.last_context = ctx
+        if ctx.passages:
+            messages[last]["content"] = f"{_documents_block(ctx)}\n\nQuestion: {messages[last]['content']}"
+        kwargs["messages"] = messages
+        return create(*args, **kwargs)
+
+    wrapped.last_context = None
+    return wrapped

@@ -1,0 +1,44 @@
+"""ragpress compressors: one contract (``compress(query, passages, budget) -> CompressedContext``), a
+registry by name, and the families behind it."""
+
+from . import filters as _filters  # noqa: F401  (registers bm25 / minilm)
+from . import reference as _reference  # noqa: F401  (registers none / no_context / oracle)
+from .base import Budget, CompressedContext, CompressedPassage, Compressor, Passage, TokenCounter
+from .errors import (
+    ArtifactError,
+    BaseModelMismatchError,
+    ConfigError,
+    InputError,
+    MissingExtraError,
+    ModelNotAvailableError,
+    RagpressError,
+    UnknownNameError,
+)
+from .prompt import Prompt, PromptBuilder, PromptTemplate
+from .registry import available_compressors, get_compressor, get_spec, register_compressor
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArtifactError",
+    "BaseModelMismatchError",
+    "Budget",
+    "CompressedContext",
+    "CompressedPassage",
+    "Compressor",
+    "ConfigError",
+    "InputError",
+    "MissingExtraError",
+    "ModelNotAvailableError",
+    "Passage",
+    "Prompt",
+    "PromptBuilder",
+    "PromptTemplate",
+    "RagpressError",
+    "TokenCounter",
+    "UnknownNameError",
+    "available_compressors",
+    "get_compressor",
+    "get_spec",
+    "register_compressor",
+]

@@ -1,0 +1,239 @@
+"""The one contract every compressor family implements.
+
+``compress(query, passages, budget) -> CompressedContext``
+
+A :class:`CompressedContext` holds, per kept passage, either plain text (text methods: the kept sentences
+in their original order, with their character spans in the original passage) or soft-prompt rows
+(``embeds``: a ``[n, hidden]`` tensor in the decoder's input-embedding space), plus token counts measured
+in the *decoder's* tokenizer, the achieved ratio and the compression time. Formatting for people lives in
+the CLI and the benchmark, never here.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .errors import InputError
+
+__all__ = [
+    "Passage",
+    "Budget",
+    "CompressedPassage",
+    "CompressedContext",
+    "Compressor",
+    "TokenCounter",
+    "coerce_passages",
+]
+
+Span = tuple[int, int]
+
+
+class Passage(BaseModel):
+    """One retrieved passage. ``evidence`` marks gold character spans when the data labels them
+    (HotpotQA supporting facts, the gold passage under distractors); compressors other than ``oracle``
+    never read it, it only feeds evidence recall."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    text: str = Field(description="Passage body text.")
+    title: str | None = Field(default=None, description="Optional title, shown as text by every method.")
+    id: str | None = Field(default=None, description="Optional caller-side id, carried through.")
+    evidence: tuple[Span, ...] | None = Field(default=None, description="Gold [start, end) char spans.")
+
+    @field_validator("text")
+    @classmethod
+    def _text_not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("passage text is empty or whitespace; drop it before compressing or give it text")
+        return v
+
+    @model_validator(mode="after")
+    def _evidence_in_range(self) -> Passage:
+        for s, e in self.evidence or ():
+            if not (0 <= s < e <= len(self.text)):
+                raise ValueError(f"evidence span {(s, e)} is outside the passage text (length {len(self.text)})")
+        return self
+
+
+class Budget(BaseModel):
+    """How much context to keep. Give ``ratio`` (tokens in / tokens out, >= 1) or ``target_tokens``, or neither
+    (the method's default). A budget at or above the input size is a documented no-op: everything is kept.
+    ``threshold`` (score-based filters only) keeps every sentence scoring at least that value, capped by the
+    token budget if one is also given."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ratio: float | None = Field(default=None, ge=1.0, le=1000.0, description="Compression ratio, 1..1000.")
+    target_tokens: int | None = Field(default=None, ge=1, description="Maximum context tokens to keep.")
+    threshold: float | None = Field(default=None, description="Score threshold for sentence filters.")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Budget:
+        if self.ratio is not None and self.target_tokens is not None:
+            raise ValueError("give either ratio or target_tokens, not both")
+        return self
+
+    def max_tokens(self, tokens_in: int) -> int | None:
+        """Token allowance for an input of ``tokens_in`` tokens (None: no token cap)."""
+        if self.target_tokens is not None:
+            return min(self.target_tokens, tokens_in)
+        if self.ratio is not None:
+            return max(1, int(tokens_in / self.ratio))
+        return None
+
+
+class CompressedPassage(BaseModel):
+    """What is left of one input passage."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    index: int = Field(description="Position of the passage in the input list.")
+    title: str | None = None
+    text: str | None = Field(default=None, description="Kept text (text methods).")
+    spans: list[Span] = Field(default_factory=list, description="Kept [start, end) char spans in the passage.")
+    sentence_ids: list[int] = Field(default_factory=list, description="Indices of kept sentences.")
+    scores: list[float] = Field(default_factory=list, description="Scores of the kept sentences.")
+    embeds: Any | None = Field(default=None, description="Soft rows, torch.Tensor [n, hidden] (soft methods).")
+    tokens_in: int = 0
+    tokens_out: int = 0
+
+
+class CompressedContext(BaseModel):
+    """The result of ``compress``: per-passage text or soft rows, with numeric stats."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    method: str
+    kind: Literal["text", "soft"]
+    query: str
+    passages: list[CompressedPassage]
+    n_input_passages: int
+    tokens_in: int = Field(description="Context tokens before compression, in the decoder's tokenizer.")
+    tokens_out: int = Field(description="Context tokens (text) or soft rows after compression.")
+    compress_s: float = 0.0
+
+    @property
+    def ratio(self) -> float | None:
+        """Measured tokens_in / tokens_out; None when nothing is kept (no context)."""
+        return self.tokens_in / self.tokens_out if self.tokens_out else None
+
+    @property
+    def text(self) -> str:
+        """Kept text of all passages joined by blank lines (text methods)."""
+        return "\n\n".join(p.text for p in self.passages if p.text)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "tokens_in": self.tokens_in,
+            "tokens_out": self.tokens_out,
+            "ratio": self.ratio,
+            "compress_s": self.compress_s,
+        }
+
+
+class TokenCounter:
+    """Counts tokens in the decoder's tokenizer (no special tokens). Wraps a HF tokenizer or any callable
+    ``str -> list[int]``."""
+
+    def __init__(self, encode: Callable[[str], Sequence[int]], name: str = "custom") -> None:
+        self._encode = encode
+        self.name = name
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any) -> TokenCounter:
+        return cls(
+            lambda s: tokenizer(s, add_special_tokens=False)["input_ids"],
+            name=getattr(tokenizer, "name_or_path", type(tokenizer).__name__),
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._encode(text))
+
+    def count(self, text: str) -> int:
+        return len(self._encode(text)) if text else 0
+
+    def count_many(self, texts: Sequence[str]) -> list[int]:
+        return [self.count(t) for t in texts]
+
+
+def coerce_passages(passages: Any) -> list[Passage]:
+    """Accept strings, dicts or :class:`Passage` objects; raise :class:`InputError` naming the bad item."""
+    if isinstance(passages, (str, bytes)) or not isinstance(passages, Sequence):
+        raise InputError("passages must be a list of strings or {text, title, id} objects, not a single "
+                         f"{type(passages).__name__}; wrap it in a list")
+    if len(passages) == 0:
+        raise InputError("passages is empty; pass at least one passage, or use method 'no_context'")
+    out: list[Passage] = []
+    for i, p in enumerate(passages):
+        try:
+            if isinstance(p, Passage):
+                out.append(p)
+            elif isinstance(p, str):
+                out.append(Passage(text=p))
+            elif isinstance(p, dict):
+                out.append(Passage(**p))
+            else:
+                raise InputError(f"passages[{i}] is a {type(p).__name__}; give a string or a {{text, title}} dict")
+        except InputError:
+            raise
+        except Exception as e:  # pydantic ValidationError: re-raise naming the item
+            raise InputError(f"passages[{i}] is invalid: {e}") from None
+    return out
+
+
+def _check_query(query: Any) -> str:
+    if not isinstance(query, str):
+        raise InputError(f"query must be a string, got {type(query).__name__}")
+    if not query.strip():
+        raise InputError("query is empty; pass the user's question")
+    return query
+
+
+class Compressor(ABC):
+    """Base class of every compressor family.
+
+    Subclasses set ``name`` and ``kind`` and implement :meth:`_compress`. The public :meth:`compress`
+    validates input, times the call and fills in the totals.
+    """
+
+    name: ClassVar[str] = "base"
+    kind: ClassVar[Literal["text", "soft"]] = "text"
+
+    def __init__(self, counter: TokenCounter) -> None:
+        self.counter = counter
+
+    def compress(self, query: str, passages: Any, budget: Budget | dict | None = None) -> CompressedContext:
+        query = _check_query(query)
+        plist = coerce_passages(passages)
+        if budget is None:
+            budget = Budget()
+        elif isinstance(budget, dict):
+            try:
+                budget = Budget(**budget)
+            except Exception as e:
+                raise InputError(f"budget is invalid: {e}") from None
+        t0 = time.perf_counter()
+        kept = self._compress(query, plist, budget)
+        dt = time.perf_counter() - t0
+        tokens_in = sum(self.counter.count(p.text) for p in plist)
+        tokens_out = sum(p.tokens_out for p in kept)
+        return CompressedContext(
+            method=self.name,
+            kind=self.kind,
+            query=query,
+            passages=kept,
+            n_input_passages=len(plist),
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            compress_s=dt,
+        )
+
+    @abstractmethod
+    def _compress(self, query: str, passages: list[Passage], budget: Budget) -> list[CompressedPassage]:
+        """Return the kept passages in input order."""

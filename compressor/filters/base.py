@@ -1,0 +1,109 @@
+"""Shared machinery of every sentence filter (``bm25``, ``minilm``, ``sentinel``)."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..base import Budget, CompressedPassage, Compressor, Passage, TokenCounter
+from ..text import split_sentences
+
+__all__ = ["SentenceFilterConfig", "SentenceFilter", "Sentence", "select_within_budget"]
+
+
+class SentenceFilterConfig(BaseModel):
+    """Options common to sentence filters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    default_ratio: float = Field(default=5.0, ge=1.0, le=1000.0, description="Ratio used when no budget is given.")
+    title_in_score: bool = Field(default=True, description="Prefix the passage title when scoring a sentence.")
+
+
+@dataclass(frozen=True)
+class Sentence:
+    passage: int
+    index: int  # sentence index within its passage
+    start: int
+    end: int
+    text: str
+    tokens: int
+
+
+def select_within_budget(scores: np.ndarray, costs: list[int], max_tokens: int | None,
+                         threshold: float | None = None) -> list[int]:
+    """Indices (ascending) of the sentences to keep: best score first while the summed cost fits
+    ``max_tokens``; with ``threshold`` only sentences scoring at least that. Ties keep the earlier one."""
+    order = sorted(range(len(scores)), key=lambda i: (-float(scores[i]), i))
+    kept, used = [], 0
+    for i in order:
+        if threshold is not None and scores[i] < threshold:
+            break
+        if max_tokens is not None and used + costs[i] > max_tokens:
+            continue  # a shorter, lower-ranked sentence may still fit
+        kept.append(i)
+        used += costs[i]
+    return sorted(kept)
+
+
+class SentenceFilter(Compressor):
+    """Base of the sentence filters: subclasses implement :meth:`score_sentences`."""
+
+    kind = "text"
+    config: SentenceFilterConfig
+
+    def __init__(self, counter: TokenCounter, config: SentenceFilterConfig | None = None) -> None:
+        super().__init__(counter)
+        self.config = config or SentenceFilterConfig()
+
+    def sentences(self, passages: list[Passage]) -> list[Sentence]:
+        out = []
+        for pi, p in enumerate(passages):
+            for si, (s, e) in enumerate(split_sentences(p.text)):
+                t = p.text[s:e]
+                out.append(Sentence(pi, si, s, e, t, self.counter.count(t)))
+        return out
+
+    @abstractmethod
+    def score_sentences(self, query: str, passages: list[Passage], sentences: list[Sentence]) -> np.ndarray:
+        """One relevance score per sentence (higher keeps first)."""
+
+    def _compress(self, query: str, passages: list[Passage], budget: Budget) -> list[CompressedPassage]:
+        sents = self.sentences(passages)
+        tokens_in = sum(self.counter.count(p.text) for p in passages)
+        if budget.ratio is None and budget.target_tokens is None and budget.threshold is None:
+            budget = Budget(ratio=self.config.default_ratio)
+        max_tokens = budget.max_tokens(tokens_in)
+        if max_tokens is not None and max_tokens >= tokens_in and budget.threshold is None:
+            keep = list(range(len(sents)))  # documented no-op: the budget holds the whole input
+            scores = np.zeros(len(sents))
+        else:
+            scores = np.asarray(self.score_sentences(query, passages, sents), dtype=np.float64)
+            # Reserve one token per kept sentence for the joining space so the joined text fits too.
+            keep = select_within_budget(scores, [s.tokens + 1 for s in sents], max_tokens, budget.threshold)
+        return self._assemble(passages, sents, keep, scores, max_tokens)
+
+    def _assemble(self, passages, sents, keep, scores, max_tokens) -> list[CompressedPassage]:
+        by_p: dict[int, list[int]] = {}
+        for i in keep:
+            by_p.setdefault(sents[i].passage, []).append(i)
+        out = []
+        for pi in sorted(by_p):
+            idx = by_p[pi]
+            text = " ".join(sents[i].text for i in idx)
+            out.append(CompressedPassage(
+                index=pi, title=passages[pi].title, text=text,
+                spans=[(sents[i].start, sents[i].end) for i in idx],
+                sentence_ids=[sents[i].index for i in idx], scores=[float(scores[i]) for i in idx],
+                tokens_in=self.counter.count(passages[pi].text), tokens_out=self.counter.count(text),
+            ))
+        if max_tokens is not None:
+            total = sum(p.tokens_out for p in out)
+            assert_fits = total <= max_tokens or len(keep) == len(sents)
+            if not assert_fits:  # tokenizer merges across the joining space: drop the weakest until it fits
+                weakest = min(keep, key=lambda i: (float(scores[i]), -i))
+                return self._assemble(passages, sents, [i for i in keep if i != weakest], scores, max_tokens)
+        return out

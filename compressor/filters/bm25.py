@@ -1,0 +1,39 @@
+"""``bm25``: rank sentences by BM25 against the question (bm25s, English stop words)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..base import Passage, TokenCounter
+from ..registry import register_compressor
+from .base import Sentence, SentenceFilter, SentenceFilterConfig
+
+__all__ = ["BM25Filter"]
+
+
+class BM25Filter(SentenceFilter):
+    """Lexical baseline: each sentence (title-prefixed) is a BM25 document, the question the query. Zero
+    model cost; blind to paraphrase and to multi-hop bridges."""
+
+    name = "bm25"
+
+    def score_sentences(self, query: str, passages: list[Passage], sentences: list[Sentence]) -> np.ndarray:
+        import bm25s
+
+        if not sentences:
+            return np.zeros(0)
+        docs = [f"{passages[s.passage].title or ''} {s.text}" if self.config.title_in_score else s.text
+                for s in sentences]
+        retriever = bm25s.BM25()
+        retriever.index(bm25s.tokenize(docs, stopwords="en", show_progress=False), show_progress=False)
+        qtok = bm25s.tokenize([query], stopwords="en", show_progress=False, return_ids=False)[0]
+        if not qtok:
+            return np.zeros(len(sentences))
+        return np.asarray(retriever.get_scores(qtok), dtype=np.float64)
+
+
+def _make(counter: TokenCounter, **options) -> BM25Filter:
+    return BM25Filter(counter, SentenceFilterConfig(**options))
+
+
+register_compressor("bm25", _make, kind="text", description="BM25 sentence ranking (baseline)")

@@ -1,0 +1,166 @@
+"""One prompt builder for every method, so that quality differences come from compression alone.
+
+A prompt is a list of segments: token ids (text) and soft rows (``[n, hidden]`` tensors in the decoder's
+input-embedding space). Text-only prompts are one token segment; soft methods splice their rows where the
+passage text would be. The same template, instruction and one-shot example are used by every method.
+
+Two styles, picked from the tokenizer unless given:
+
+* ``chat``: the decoder's chat template, one-shot as a previous user/assistant turn (SmolLM2-Instruct).
+  Zero-shot, SmolLM2 answers in whole sentences (EM 0.00 on NQ/SQuAD); the one-shot turn makes it answer
+  with a short phrase.
+* ``plain``: a plain-text one-shot prompt ending in ``Answer:`` for base models without a chat template
+  (Gemma 3 270M), BOS prepended, generation stopped at the first newline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .base import CompressedContext
+from .errors import InputError
+
+__all__ = ["PromptTemplate", "Prompt", "PromptBuilder", "embed_prompt"]
+
+_MARK = "\x00RAGPRESS_DOC_{}\x00"
+
+INSTRUCTION = "Answer the question using the documents. Reply with the answer only: a few words, no sentence."
+EXAMPLE_DOCS = (
+    "[1] Marie Curie: Marie Curie was a Polish-born physicist and chemist. She shared the 1903 Nobel Prize in "
+    "Physics with her husband Pierre Curie and with Henri Becquerel.\n"
+    "[2] Warsaw: Warsaw is the capital and largest city of Poland."
+)
+EXAMPLE_QUESTION = "Who was the husband of the Polish-born physicist who won the 1903 Nobel Prize in Physics?"
+EXAMPLE_ANSWER = "Pierre Curie"
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """The fixed template. ``style`` None picks ``chat`` when the tokenizer has a chat template."""
+
+    style: Literal["chat", "plain"] | None = None
+    instruction: str = INSTRUCTION
+    one_shot: bool = True
+
+
+@dataclass
+class Prompt:
+    """Segments in order: ``list[int]`` token ids or a soft-row tensor ``[n, hidden]``."""
+
+    segments: list[Any] = field(default_factory=list)
+    stop: tuple[str, ...] = ()
+
+    @property
+    def has_soft(self) -> bool:
+        return any(not isinstance(s, list) for s in self.segments)
+
+    @property
+    def token_ids(self) -> list[int]:
+        if self.has_soft:
+            raise ValueError("prompt has soft rows; it has no token-id form")
+        return [t for s in self.segments for t in s]
+
+    def __len__(self) -> int:
+        return sum(len(s) if isinstance(s, list) else int(s.shape[0]) for s in self.segments)
+
+
+class PromptBuilder:
+    """Builds :class:`Prompt` objects for a decoder tokenizer."""
+
+    def __init__(self, tokenizer: Any, template: PromptTemplate | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.template = template or PromptTemplate()
+        style = self.template.style
+        if style is None:
+            style = "chat" if getattr(tokenizer, "chat_template", None) else "plain"
+        self.style: Literal["chat", "plain"] = style
+
+    # -- rendering -------------------------------------------------------------------------------------
+    def _question_block(self, docs: str | None, question: str) -> str:
+        parts = []
+        if docs is not None:
+            parts.append(f"Documents:\n{docs}")
+        parts.append(f"Question: {question.strip()}")
+        return "\n".join(parts)
+
+    def render(self, question: str, docs: str | None) -> str:
+        """The full prompt text with ``docs`` (already formatted, may hold splice marks) in place."""
+        t = self.template
+        example = self._question_block(EXAMPLE_DOCS, EXAMPLE_QUESTION)
+        query = self._question_block(docs, question)
+        if self.style == "chat":
+            messages = []
+            if t.one_shot:
+                messages += [
+                    {"role": "user", "content": f"{t.instruction}\n\n{example}"},
+                    {"role": "assistant", "content": EXAMPLE_ANSWER},
+                    {"role": "user", "content": query},
+                ]
+            else:
+                messages.append({"role": "user", "content": f"{t.instruction}\n\n{query}"})
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        shot = f"{example}\nAnswer: {EXAMPLE_ANSWER}\n\n" if t.one_shot else ""
+        return f"{t.instruction}\n\n{shot}{query}\nAnswer:"
+
+    def _stop(self) -> tuple[str, ...]:
+        return ("\n",) if self.style == "plain" else ("\n",)
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _bos(self) -> list[int]:
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        return [bos] if (self.style == "plain" and bos is not None) else []
+
+    # -- public ----------------------------------------------------------------------------------------
+    def build_text(self, question: str, docs_text: str | None) -> Prompt:
+        """A text-only prompt (docs already formatted, or None for no context)."""
+        ids = self._bos() + self._encode(self.render(question, docs_text))
+        return Prompt(segments=[ids], stop=self._stop())
+
+    def build(self, ctx: CompressedContext) -> Prompt:
+        """The prompt for a compressed context: text methods as text, soft methods with rows spliced in."""
+        if not ctx.passages:
+            return self.build_text(ctx.query, None)
+        if ctx.kind == "text":
+            docs = "\n".join(_doc_line(i + 1, p.title, p.text or "") for i, p in enumerate(ctx.passages))
+            return self.build_text(ctx.query, docs)
+        docs = "\n".join(_doc_line(i + 1, p.title, _MARK.format(i)) for i, p in enumerate(ctx.passages))
+        text = self.render(ctx.query, docs)
+        segments: list[Any] = []
+        bos = self._bos()
+        rest = text
+        for i, p in enumerate(ctx.passages):
+            before, rest = rest.split(_MARK.format(i), 1)
+            segments.append(bos + self._encode(before))
+            bos = []
+            if p.embeds is None:
+                raise ValueError(f"passage {p.index} of a soft context has no embeds")
+            segments.append(p.embeds)
+        segments.append(self._encode(rest))
+        return Prompt(segments=[s for s in segments if not (isinstance(s, list) and not s)], stop=self._stop())
+
+
+def _doc_line(n: int, title: str | None, body: str) -> str:
+    return f"[{n}] {title}: {body}" if title else f"[{n}] {body}"
+
+
+def embed_prompt(model: Any, prompt: Prompt) -> Any:
+    """Input embeddings ``[L, hidden]`` of a prompt: text rows from the decoder's own embedding table (which
+    already applies any input scaling, e.g. Gemma's sqrt(hidden)), soft rows as given."""
+    import torch
+
+    emb = model.get_input_embeddings()
+    device = emb.weight.device
+    rows = []
+    for seg in prompt.segments:
+        if isinstance(seg, list):
+            rows.append(emb(torch.tensor(seg, dtype=torch.long, device=device)))
+        else:
+            if seg.dim() != 2 or seg.shape[-1] != emb.weight.shape[-1]:
+                raise InputError(
+                    f"soft rows have shape {tuple(seg.shape)}; the decoder's hidden size is {emb.weight.shape[-1]}"
+                )
+            rows.append(seg.to(device=device, dtype=emb.weight.dtype))
+    return torch.cat(rows, dim=0)

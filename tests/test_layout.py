@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from conftest import REPO
+
+
+def test_packages_resolve_to_this_repository():
+    # AdapterHub also ships an import package named `adapters`: the two cannot share an environment.
+    for name in ("compressor", "adapters", "serving"):
+        mod = importlib.import_module(name)
+        assert Path(mod.__file__).resolve().parent == REPO / name, f"{name} imported from {mod.__file__}"
+
+
+def test_public_api_is_pinned():
+    import adapters
+    import compressor
+
+    assert sorted(compressor.__all__) == sorted([
+        "ArtifactError", "BaseModelMismatchError", "Budget", "CompressedContext", "CompressedPassage",
+        "Compressor", "ConfigError", "InputError", "MissingExtraError", "ModelNotAvailableError", "Passage",
+        "Prompt", "PromptBuilder", "PromptTemplate", "RagpressError", "TokenCounter", "UnknownNameError",
+        "available_compressors", "get_compressor", "get_spec", "register_compressor",
+    ])
+    assert sorted(adapters.__all__) == sorted([
+        "Answer", "DecoderBackend", "FakeBackend", "Generation", "GenerationParams", "HFBackend",
+        "RAGPipeline", "compress_messages",
+    ])
+    for mod in (compressor, adapters):
+        for name in mod.__all__:
+            assert hasattr(mod, name), name
+
+
+def test_compressor_never_imports_upward():
+    for f in (REPO / "compressor").rglob("*.py"):
+        src = f.read_text()
+        assert "from adapters" not in src and "import adapters" not in src, f
+        assert "from serving" not in src and "import serving" not in src, f
+    for f in (REPO / "adapters").rglob("*.py"):
+        src = f.read_text()
+        assert "from serving" not in src and "import serving" not in src, f

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adapters import FakeBackend, RAGPipeline, compress_messages
+from compressor import Budget, InputError, UnknownNameError, get_compressor
+from serving.cli import main
+
+PASSAGES = [{"title": "Hamlet", "text": "Hamlet is a tragedy. It was written by William Shakespeare around 1600."},
+            {"title": "Cats", "text": "Cats sleep a lot. They purr."}]
+
+
+def test_pipeline_one_call_with_fake_backend(smol_tokenizer):
+    be = FakeBackend(smol_tokenizer, reply="William Shakespeare")
+    pipe = RAGPipeline(decoder=be, method="bm25", budget=Budget(ratio=2))
+    a = pipe.answer("Who wrote Hamlet?", PASSAGES)
+    assert a.text == "William Shakespeare" and a.method == "bm25"
+    assert a.tokens_out <= a.tokens_in // 2 and a.ratio >= 2
+    assert a.prompt_tokens == len(be.calls[-1])
+    text = smol_tokenizer.decode(be.calls[-1].token_ids)
+    assert "Who wrote Hamlet?" in text and all(cp.text in text for cp in a.context.passages)
+
+
+def test_pipeline_rejects_unknown_method_before_loading(smol_tokenizer):
+    with pytest.raises(UnknownNameError, match="registered compressors are"):
+        RAGPipeline(decoder=FakeBackend(smol_tokenizer), method="nope")
+
+
+def test_compress_messages_wraps_create(counter):
+    seen = {}
+
+    def create(*, messages, model, temperature):
+        seen.update(messages=messages, model=model, temperature=temperature)
+        return "ok"
+
+    wrapped = compress_messages(create, get_compressor("bm25", counter=counter), Budget(ratio=2))
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who wrote Hamlet?"}]
+    assert wrapped(messages=msgs, model="m", temperature=0.1, documents=PASSAGES) == "ok"
+    assert seen["model"] == "m" and seen["temperature"] == 0.1
+    assert seen["messages"][0] == msgs[0]  # the system prompt is untouched
+    last = seen["messages"][1]["content"]
+    assert last.startswith("Documents:\n[1] Hamlet:") and last.endswith("Question: Who wrote Hamlet?")
+    assert msgs[1]["content"] == "Who wrote Hamlet?"  # the caller's list is not mutated
+    assert wrapped.last_context.tokens_out <= wrapped.last_context.tokens_in // 2
+    # without documents the call passes through unchanged
+    wrapped(messages=msgs, model="m", temperature=0.0)
+    assert seen["messages"] == msgs
+
+
+def test_compress_messages_needs_a_question(counter):
+    wrapped = compress_messages(lambda **kw: kw, get_compressor("none", counter=counter))
+    with pytest.raises(InputError, match="last user message"):
+        wrapped(messages=[{"role": "system", "content": "x"}], documents=["a"])
+
+
+def test_cli_eval_writes_json(tmp_path, tiny_model_dir, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(json.dumps({"question": f"Who wrote Hamlet {i}?", "passages": PASSAGES,
+                                          "answers": ["William Shakespeare"]}) for i in range(2)) + "\n")
+    out = tmp_path / "out.json"
+    rc = main(["eval", "--dataset", "jsonl", "--path", str(data), "--method", "bm25", "--ratio", "2",
+               "--decoder", str(tiny_model_dir), "--max-new-tokens", "4", "--out", str(out)])
+    assert rc == 0
+    s = json.loads(out.read_text())
+    for k in ["n", "method", "ratio_requested", "em", "f1", "accuracy", "evidence_recall", "tokens_in_mean",
+              "tokens_out_mean", "ratio", "compress_s_mean", "ttft_s_mean", "e2e_s_mean"]:
+        assert k in s, k
+    assert s["n"] == 2 and s["method"] == "bm25" and s["ratio_requested"] == 2.0 and s["ratio"] >= 2.0
+    assert s["evidence_recall"] is None
+    assert len(out.with_suffix(".samples.jsonl").read_text().splitlines()) == 2
+    assert "| n | method |" in capsys.readouterr().out
+
+
+def test_cli_errors_are_one_line(capsys, tmp_path):
+    assert main(["eval", "--dataset", "jsonl", "--path", str(tmp_path / "x.jsonl"), "--method", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ragpress: error: unknown compressor 'nope'")
+
+
+def test_cli_methods_lists_registry(capsys):
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    assert "none\ttext" in out and "bm25\ttext" in out
