@@ -165,3 +165,20 @@ def add_distractors(examples: list[QAExample], corpus: list[Passage], k: int, se
 def corpus_of(examples: list[QAExample]) -> list[Passage]:
     """All passages of a set of examples (the retrieval corpus for NQ/SQuAD distractors)."""
     return [Passage(text=p.text, title=p.title) for ex in examples for p in ex.passages]
+
+
+def answer_sentence_evidence(ex: QAExample) -> QAExample:
+    """Relabel evidence as the sentences of the gold passage(s) that contain a gold answer string (the
+    sentence-level label for NQ and SQuAD). A gold passage whose sentences hold no answer string keeps no
+    evidence."""
+    from compressor.text import split_sentences
+
+    answers = [a.lower() for a in ex.answers if a.strip()]
+    out = []
+    for p in ex.passages:
+        if not p.evidence:
+            out.append(p)
+            continue
+        spans = tuple((s, e) for s, e in split_sentences(p.text) if any(a in p.text[s:e].lower() for a in answers))
+        out.append(p.model_copy(update={"evidence": spans or None}))
+    return ex.model_copy(update={"passages": out})

@@ -26,13 +26,15 @@ __all__ = ["PromptTemplate", "Prompt", "PromptBuilder", "embed_prompt"]
 _MARK = "\x00RAGPRESS_DOC_{}\x00"
 
 INSTRUCTION = "Answer the question using the documents. Reply with the answer only: a few words, no sentence."
+# Chosen by measurement (HotpotQA oracle contexts, first 40 questions, SmolLM2): this two-document bridge
+# example gave F1 0.254 / accuracy 0.40, against 0.160 / 0.30 and 0.115 / 0.125 for two other examples.
 EXAMPLE_DOCS = (
-    "[1] Marie Curie: Marie Curie was a Polish-born physicist and chemist. She shared the 1903 Nobel Prize in "
-    "Physics with her husband Pierre Curie and with Henri Becquerel.\n"
-    "[2] Warsaw: Warsaw is the capital and largest city of Poland."
+    "[1] Eiffel Tower: The Eiffel Tower is a wrought-iron lattice tower in Paris, designed by the company of "
+    "Gustave Eiffel.\n"
+    "[2] Gustave Eiffel: Gustave Eiffel was a French civil engineer born in Dijon."
 )
-EXAMPLE_QUESTION = "Who was the husband of the Polish-born physicist who won the 1903 Nobel Prize in Physics?"
-EXAMPLE_ANSWER = "Pierre Curie"
+EXAMPLE_QUESTION = "In which city was the engineer whose company designed the Eiffel Tower born?"
+EXAMPLE_ANSWER = "Dijon"
 
 
 @dataclass(frozen=True)

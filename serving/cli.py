@@ -42,6 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
     md.add_argument("names", nargs="*")
 
     sub.add_parser("methods", help="list the registered compressor families")
+
+    tr = sub.add_parser("train", help="train a compressor family and write its artifact")
+    tsub = tr.add_subparsers(dest="family", required=True)
+    ts = tsub.add_parser("sentinel", help="train the attention probe (reproduces the shipped artifact)")
+    ts.add_argument("--data", type=Path, default=Path("../shared/data"), help="the shared data folder")
+    ts.add_argument("--out", type=Path, required=True, help="artifact folder to write")
+    ts.add_argument("--proxy", default="smollm2-135m-instruct")
+    ts.add_argument("--hotpotqa", type=int, default=200, help="HotpotQA training questions")
+    ts.add_argument("--nq", type=int, default=150, help="NQ training questions")
+    ts.add_argument("--squad", type=int, default=150, help="SQuAD training questions")
+    ts.add_argument("--seed", type=int, default=0)
     return ap
 
 
@@ -101,6 +112,22 @@ def _print_table(s: dict[str, Any]) -> None:
     print("| " + " | ".join(_fmt(s.get(k)) for k in keys) + " |")
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from adapters.training_data import sentinel_records
+    from compressor import TokenCounter
+    from compressor.models import load_tokenizer
+    from compressor.sentinel.train import train_sentinel
+
+    records, data = sentinel_records(args.data, args.hotpotqa, args.nq, args.squad, seed=args.seed)
+    counter = TokenCounter.from_tokenizer(load_tokenizer(args.proxy))
+    comp, report = train_sentinel(records, counter, proxy=args.proxy, seed=args.seed)
+    training = {"data": data, **{k: v for k, v in report.items() if k not in ("chosen", "grid")}}
+    scores = {**report["chosen"], "grid": report["grid"]}
+    path = comp.save_pretrained(args.out, training=training, scores=scores)
+    print(f"chosen: {report['chosen']}\nwrote {path}")
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from compressor.models import NAMED_MODELS, model_fingerprint, resolve_model
 
@@ -127,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     from compressor.errors import RagpressError
 
     args = build_parser().parse_args(argv)
-    handlers = {"eval": cmd_eval, "models": cmd_models, "methods": cmd_methods}
+    handlers = {"eval": cmd_eval, "models": cmd_models, "methods": cmd_methods, "train": cmd_train}
     try:
         return handlers[args.cmd](args)
     except RagpressError as e:

@@ -20,7 +20,7 @@ def test_chat_and_plain_styles(smol_tokenizer):
     chat = PromptBuilder(smol_tokenizer)
     assert chat.style == "chat"
     text = smol_tokenizer.decode(chat.build_text("Who wrote Hamlet?", "[1] Hamlet: by Shakespeare.").token_ids)
-    assert "<|im_start|>assistant" in text and "Who wrote Hamlet?" in text and "Pierre Curie" in text
+    assert "<|im_start|>assistant" in text and "Who wrote Hamlet?" in text and "Dijon" in text
     plain = PromptBuilder(smol_tokenizer, PromptTemplate(style="plain"))
     ids = plain.build_text("Who?", None).token_ids
     assert ids[0] == smol_tokenizer.bos_token_id

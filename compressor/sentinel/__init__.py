@@ -1,0 +1,18 @@
+"""The ``sentinel`` family: a trained probe on a proxy LLM's attention (see :mod:`.model`)."""
+
+from __future__ import annotations
+
+from ..base import TokenCounter
+from ..registry import register_compressor
+from .config import SentinelConfig
+from .model import SHIPPED_ARTIFACT, SentinelCompressor, SentinelProbe
+
+__all__ = ["SentinelConfig", "SentinelCompressor", "SentinelProbe", "SHIPPED_ARTIFACT"]
+
+
+def _make(counter: TokenCounter, artifact: str | None = None, **options) -> SentinelCompressor:
+    return SentinelCompressor.from_pretrained(artifact or SHIPPED_ARTIFACT, counter, **options)
+
+
+register_compressor("sentinel", _make, kind="text",
+                    description="attention probe on a proxy LLM (trained, shipped artifact)")

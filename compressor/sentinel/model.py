@@ -1,0 +1,132 @@
+"""``sentinel``: sentence filtering by a trained probe on a proxy LLM's attention.
+
+Paper: Zhang et al., 2025, "Sentinel: Attention Probing of Proxy Models for LLM Context Compression".
+A proxy LLM (default SmolLM2-135M-Instruct) reads context + question once (optionally only its first
+``layers`` layers); per sentence, the attention from the final prompt positions, pooled per (layer, head),
+goes through a standardised logistic-regression probe; the best sentences within the token budget are
+kept as text, in their original order.
+
+Trade-off: text out, so any decoder can read it (unlike ``icae``/``xrag`` soft prompts); it is
+query-aware and sees the whole context in one pass (unlike the sentence-at-a-time ``bm25``/``minilm``), at
+the price of a proxy forward pass per question.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..artifacts import check_base_model, read_artifact, write_artifact
+from ..base import Passage, TokenCounter
+from ..errors import ConfigError
+from ..filters.base import Sentence, SentenceFilter
+from .config import FORMAT_VERSION, SentinelConfig
+
+__all__ = ["SentinelProbe", "SentinelCompressor", "SHIPPED_ARTIFACT"]
+
+SHIPPED_ARTIFACT = Path(__file__).resolve().parents[1] / "artifacts" / "sentinel-smollm2-135m"
+_KEYS = {"scaler_mean", "scaler_scale", "coef", "intercept"}
+
+
+class SentinelProbe:
+    """The classifier: ``score = ((x - mean) / scale) @ coef + intercept`` (a logistic regression's logit)."""
+
+    def __init__(self, mean: np.ndarray, scale: np.ndarray, coef: np.ndarray, intercept: float) -> None:
+        if not (mean.shape == scale.shape == coef.shape and mean.ndim == 1):
+            raise ConfigError(f"probe tensors disagree: mean {mean.shape}, scale {scale.shape}, coef {coef.shape}")
+        self.mean, self.scale, self.coef, self.intercept = mean, scale, coef, float(intercept)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if x.shape[-1] != self.coef.shape[0]:
+            raise ConfigError(f"features have width {x.shape[-1]}, the probe expects {self.coef.shape[0]}")
+        return ((x - self.mean) / self.scale) @ self.coef + self.intercept
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        return {"scaler_mean": self.mean.astype(np.float32), "scaler_scale": self.scale.astype(np.float32),
+                "coef": self.coef.astype(np.float32), "intercept": np.array([self.intercept], dtype=np.float32)}
+
+
+class SentinelCompressor(SentenceFilter):
+    name = "sentinel"
+    config: SentinelConfig
+
+    def __init__(self, counter: TokenCounter, config: SentinelConfig, probe: SentinelProbe, attention: Any,
+                 manifest: dict[str, Any] | None = None) -> None:
+        super().__init__(counter, config)
+        self.probe, self.attention, self.manifest = probe, attention, manifest or {}
+
+    def score_sentences(self, query: str, passages: list[Passage], sentences: list[Sentence]) -> np.ndarray:
+        if not sentences:
+            return np.zeros(0)
+        spans: list[list[tuple[int, int]]] = [[] for _ in passages]
+        for s in sentences:
+            spans[s.passage].append((s.start, s.end))
+        feats = self.attention.features(query, passages, spans, layers=self.config.layers)
+        return self.probe(feats.x.astype(np.float64))
+
+    # -- artifact ---------------------------------------------------------------------------------------
+    def save_pretrained(self, directory: str | Path, training: dict[str, Any] | None = None,
+                        scores: dict[str, Any] | None = None, card: str = "") -> Path:
+        from .. import __version__
+        from ..models import model_fingerprint, model_id
+
+        cfg = {
+            "type": "sentinel",
+            "format_version": FORMAT_VERSION,
+            "library_version": __version__,
+            "proxy": {"id": model_id(self.config.proxy), "sha256": model_fingerprint(self.config.proxy),
+                      "num_layers": self.attention.n_layers, "num_heads": self.attention.n_heads},
+            "config": self.config.model_dump(exclude={"proxy"}),
+            "features": {"layers": self.config.layers or self.attention.n_layers, "heads": self.attention.n_heads,
+                         "pooling": ["mean", "max"], "extra": ["log1p_tokens", "relative_position"],
+                         "query_positions": self.config.query_positions, "n_features": int(self.probe.coef.shape[0])},
+            "training": training if training is not None else self.manifest.get("training"),
+            "scores": scores if scores is not None else self.manifest.get("scores"),
+        }
+        return write_artifact(directory, cfg, self.probe.tensors(), card or _card(cfg))
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, counter: TokenCounter, proxy: str | None = None,
+                        attention: Any = None, **overrides: Any) -> SentinelCompressor:
+        """Load a probe. ``proxy`` defaults to the named model it was trained on; a proxy with other weights
+        is refused. ``overrides`` change selection options (``default_ratio``, ...), not the features."""
+        from ..models import NAMED_MODELS, model_fingerprint
+        from .probe import AttentionProbe
+
+        cfg, t = read_artifact(directory, "sentinel", FORMAT_VERSION, _KEYS)
+        trained = cfg["proxy"]["id"]
+        proxy = proxy or (trained if trained in NAMED_MODELS else None)
+        if proxy is None:
+            raise ConfigError(f"artifact {directory} was trained on a local proxy folder {trained!r}: pass proxy=PATH")
+        check_base_model(cfg, "proxy", proxy, model_fingerprint(proxy))
+        fixed = {"layers", "query_positions"}
+        if fixed & overrides.keys():
+            raise ConfigError(f"{sorted(fixed & overrides.keys())} are fixed by the trained probe; retrain to change them")
+        config = SentinelConfig(**{**cfg["config"], **overrides, "proxy": proxy})
+        if attention is None:
+            attention = AttentionProbe.load(proxy, dtype=config.dtype, query_positions=config.query_positions,
+                                            max_context_tokens=config.max_context_tokens)
+        probe = SentinelProbe(t["scaler_mean"].astype(np.float64), t["scaler_scale"].astype(np.float64),
+                              t["coef"].astype(np.float64), float(t["intercept"][0]))
+        return cls(counter, config, probe, attention, manifest=cfg)
+
+
+def _card(cfg: dict[str, Any]) -> str:
+    s = cfg.get("scores") or {}
+    lines = [
+        "# sentinel attention probe",
+        "",
+        f"Proxy: `{cfg['proxy']['id']}` (sha256 `{cfg['proxy']['sha256']}`), first {cfg['features']['layers']} of "
+        f"{cfg['proxy']['num_layers']} layers, {cfg['features']['n_features']} features.",
+        "Classifier: standardised features + logistic regression (scikit-learn), stored as tensors.",
+        "",
+        "Training data: " + str((cfg.get("training") or {}).get("data", "")),
+        "",
+        "Validation scores (questions never trained on):",
+        "",
+    ]
+    lines += [f"- {k}: {v}" for k, v in s.items() if not isinstance(v, (dict, list))]
+    lines += ["", "Reproduce with `ragpress train sentinel`.", ""]
+    return "\n".join(lines)

@@ -1,0 +1,171 @@
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import HOTPOT, make_tiny_llama
+
+from adapters.datasets import load_dataset
+from compressor import ArtifactError, BaseModelMismatchError, Budget, ConfigError, Passage, get_compressor
+from compressor.sentinel import SentinelCompressor, SentinelConfig, SentinelProbe
+from compressor.sentinel.probe import AttentionProbe, select_layers
+from compressor.text import split_sentences
+
+PASSAGES = [
+    Passage(title="Paris", text="Paris is the capital of France. It has many museums. The Louvre is the largest."),
+    Passage(title="Berlin", text="Berlin is the capital of Germany. It is known for techno."),
+    Passage(title="Cats", text="Cats sleep a lot"),
+]
+
+
+def _spans(ps):
+    return [split_sentences(p.text) for p in ps]
+
+
+@pytest.fixture(scope="module")
+def tiny_probe(tiny_model_dir):
+    return AttentionProbe.load(str(tiny_model_dir), dtype="float32")
+
+
+def _eager_last_rows(model, ids, m):
+    """Reference: full attention maps from the eager implementation, last m query rows."""
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([ids]), output_attentions=True)
+    finally:
+        model.set_attn_implementation("ragpress_probe")
+    return [a[0, :, -m:, :].mean(1) for a in out.attentions]
+
+
+def test_features_match_eager_attention(tiny_probe):
+    q = "What is the capital of France?"
+    f = tiny_probe.features(q, PASSAGES, _spans(PASSAGES))
+    n_sent = sum(len(s) for s in _spans(PASSAGES))
+    assert f.x.shape == (n_sent, 2 * 2 * 4 + 2)
+    # recompute the mean-attention feature of sentence 0 from eager attention maps
+    text, ranges = tiny_probe._prompt(q, PASSAGES, _spans(PASSAGES))
+    enc = tiny_probe.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    rows = _eager_last_rows(tiny_probe.model, enc["input_ids"], tiny_probe.m)
+    a, b = ranges[0]
+    toks = [i for i, (s, e) in enumerate(enc["offset_mapping"]) if e > a and s < b]
+    ref = torch.stack([r[:, toks].mean(1) for r in rows]).reshape(-1).numpy()
+    np.testing.assert_allclose(f.x[0, :8], ref, rtol=1e-4, atol=1e-6)
+
+
+def test_early_exit_runs_fewer_layers(tiny_probe):
+    calls = []
+    hooks = [layer.register_forward_hook(lambda *a: calls.append(1)) for layer in tiny_probe.model.model.layers]
+    try:
+        f1 = tiny_probe.features("q?", PASSAGES, _spans(PASSAGES), layers=1)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert len(calls) == 0  # layer 0 raised inside attention: its decoder layer never finished
+    full = tiny_probe.features("q?", PASSAGES, _spans(PASSAGES))
+    np.testing.assert_allclose(select_layers(full.x, 2, 1, 4), f1.x, rtol=1e-5, atol=1e-7)
+
+
+def test_capture_is_linear_in_length(tiny_probe):
+    """Rows are [heads, L] per layer; a [heads, L, L] map is never kept."""
+    from compressor.sentinel import probe as P
+
+    seen = []
+    orig = P._Capture.__init__
+
+    def spy(self, *a, **k):
+        orig(self, *a, **k)
+        seen.append(self)
+
+    P._Capture.__init__ = spy
+    try:
+        f = tiny_probe.features("q?", PASSAGES, _spans(PASSAGES))
+    finally:
+        P._Capture.__init__ = orig
+    assert all(tuple(r.shape) == (4, f.prompt_tokens) for r in seen[0].rows.values())
+
+
+def test_works_on_gemma3_architecture(smol_tokenizer, tmp_path):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(vocab_size=len(smol_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                           num_attention_heads=4, num_key_value_heads=1, head_dim=8, sliding_window=8,
+                           max_position_embeddings=4096)
+    Gemma3ForCausalLM(cfg).save_pretrained(tmp_path)
+    smol_tokenizer.save_pretrained(tmp_path)
+    probe = AttentionProbe.load(str(tmp_path), dtype="float32")
+    f = probe.features("What is the capital of France?", PASSAGES, _spans(PASSAGES))
+    assert f.x.shape[1] == 2 * 3 * 4 + 2 and np.isfinite(f.x).all()
+    # with a sliding window of 8 the last rows of local layers put no mass far back: sums stay 1 over the window
+    assert (f.x[:, :12] >= 0).all()
+
+
+def _trained(counter, tiny_probe):
+    rng = np.random.default_rng(0)
+    width = 2 * 2 * 4 + 2
+    probe = SentinelProbe(rng.normal(size=width), np.abs(rng.normal(size=width)) + 0.1, rng.normal(size=width), 0.1)
+    return SentinelCompressor(counter, SentinelConfig(proxy=str(tiny_probe.model.name_or_path), dtype="float32"),
+                              probe, tiny_probe)
+
+
+@pytest.mark.parametrize("budget", [Budget(ratio=2), Budget(ratio=5), Budget(target_tokens=10)])
+def test_budget_order_and_spans(counter, tiny_probe, budget):
+    comp = _trained(counter, tiny_probe)
+    ctx = comp.compress("What is the capital of France?", PASSAGES, budget)
+    assert ctx.tokens_out <= budget.max_tokens(ctx.tokens_in)
+    assert [p.index for p in ctx.passages] == sorted(p.index for p in ctx.passages)
+    for cp in ctx.passages:
+        assert cp.text == " ".join(PASSAGES[cp.index].text[s:e] for s, e in cp.spans)
+        assert len(cp.scores) == len(cp.sentence_ids)
+
+
+def test_artifact_round_trip_and_mismatch(counter, tiny_probe, tmp_path, smol_tokenizer):
+    comp = _trained(counter, tiny_probe)
+    path = comp.save_pretrained(tmp_path / "art", training={"data": "unit test"}, scores={"val_auc": 0.5})
+    cfg = json.loads((path / "compressor_config.json").read_text())
+    assert cfg["type"] == "sentinel" and len(cfg["proxy"]["sha256"]) == 64 and cfg["scores"]["val_auc"] == 0.5
+    again = SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_probe)
+    a = comp.compress("capital of France?", PASSAGES, Budget(ratio=2))
+    b = again.compress("capital of France?", PASSAGES, Budget(ratio=2))
+    assert a.text == b.text
+    flat = lambda c: [s for p in c.passages for s in p.scores]  # noqa: E731
+    assert flat(a) == pytest.approx(flat(b), rel=1e-5)
+    with pytest.raises(ConfigError, match="fixed by the trained probe"):
+        SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_probe, layers=1)
+    other = tmp_path / "other-proxy"
+    make_tiny_llama(len(smol_tokenizer), seed=1).save_pretrained(other)
+    with pytest.raises(BaseModelMismatchError, match="trained with proxy"):
+        SentinelCompressor.from_pretrained(path, counter, proxy=str(other))
+
+
+def test_corrupt_and_future_artifacts_refused(counter, tiny_probe, tmp_path):
+    path = _trained(counter, tiny_probe).save_pretrained(tmp_path / "art", training={}, scores={})
+    cfg = json.loads((path / "compressor_config.json").read_text())
+    (path / "compressor_config.json").write_text(json.dumps({**cfg, "format_version": 99}))
+    with pytest.raises(ArtifactError, match="newer than this ragpress"):
+        SentinelCompressor.from_pretrained(path, counter, proxy=cfg["proxy"]["id"], attention=tiny_probe)
+    (path / "compressor_config.json").write_text(json.dumps(cfg))
+    (path / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ArtifactError, match="corrupt"):
+        SentinelCompressor.from_pretrained(path, counter, proxy=cfg["proxy"]["id"], attention=tiny_probe)
+    (path / "evil.pkl").write_bytes(b"x")
+    with pytest.raises(ArtifactError, match="pickle"):
+        SentinelCompressor.from_pretrained(path, counter, proxy=cfg["proxy"]["id"], attention=tiny_probe)
+
+
+@pytest.mark.real_model
+def test_shipped_probe_on_real_hotpotqa(counter):
+    from adapters.metrics import evidence_recall
+
+    comp = get_compressor("sentinel", counter=counter)
+    assert comp.manifest["scores"]["val_auc"] > 0.8
+    exs = load_dataset("hotpotqa", HOTPOT, limit=5)
+    recalls = []
+    for e in exs:
+        ctx = comp.compress(e.question, e.passages, Budget(ratio=5))
+        assert ctx.tokens_out <= Budget(ratio=5).max_tokens(ctx.tokens_in)
+        recalls.append(evidence_recall(ctx, e.passages))
+    assert np.mean(recalls) > 0.5
