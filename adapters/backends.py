@@ -5,14 +5,15 @@
 * :class:`FakeBackend`: deterministic, no model; for fast tests of everything around the decoder.
 
 Every backend takes :class:`~compressor.prompt.Prompt` objects and returns :class:`Generation` results with
-the time to first token measured separately from the whole call.
+the time to first token measured separately from the whole call. :meth:`DecoderBackend.stream` generates one
+prompt while reporting text as it becomes final (token by token in :class:`HFBackend`).
 """
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -59,6 +60,17 @@ class DecoderBackend(ABC):
     def generate(self, prompts: Sequence[Prompt], params: GenerationParams | None = None) -> list[Generation]:
         """Generate one continuation per prompt."""
 
+    def stream(self, prompt: Prompt, params: GenerationParams | None = None,
+               on_delta: Callable[[str], None] | None = None) -> Generation:
+        """Generate one prompt, calling ``on_delta(text)`` with text as it becomes final; the deltas join to
+        the returned ``Generation.text``. This default reports the whole text once at the end; backends that
+        decode step by step call it after every token (possibly with ``""``), so an exception raised in
+        ``on_delta`` stops the generation early (client gone, deadline passed)."""
+        g = self.generate([prompt], params)[0]
+        if on_delta is not None and g.text:
+            on_delta(g.text)
+        return g
+
 
 def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
     cut = len(text)
@@ -67,6 +79,19 @@ def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
         if i >= 0:
             cut = min(cut, i)
     return text[:cut], cut < len(text)
+
+
+def _stream_safe_len(text: str, stops: Sequence[str]) -> int:
+    """How much of a partial generation can be sent: not a trailing half character, nor a tail that may
+    still become the start of a stop string."""
+    n = len(text.rstrip("\ufffd"))
+    cut = n
+    for s in stops:
+        for k in range(min(len(s) - 1, n), 0, -1):
+            if text[:n].endswith(s[:k]):
+                cut = min(cut, n - k)
+                break
+    return cut
 
 
 class HFBackend(DecoderBackend):
@@ -122,9 +147,33 @@ class HFBackend(DecoderBackend):
         return {"inputs_embeds": torch.stack(rows), "attention_mask": mask, "position_ids": pos}
 
     def generate(self, prompts: Sequence[Prompt], params: GenerationParams | None = None) -> list[Generation]:
+        return self._generate(prompts, params or GenerationParams(), None)
+
+    def stream(self, prompt: Prompt, params: GenerationParams | None = None,
+               on_delta: Callable[[str], None] | None = None) -> Generation:
+        params = params or GenerationParams()
+        stops = tuple(params.stop) if params.stop is not None else prompt.stop
+        sent = ""
+
+        def on_token(i: int, text: str, done: bool) -> None:
+            nonlocal sent
+            safe = text if done else text[: _stream_safe_len(text, stops)]
+            delta = safe[len(sent):] if safe.startswith(sent) else ""
+            sent += delta
+            if on_delta is not None:
+                on_delta(delta)
+
+        g = self._generate([prompt], params, on_token)[0]
+        tail = g.text[len(sent):] if g.text.startswith(sent) else ""
+        if tail and on_delta is not None:
+            on_delta(tail)
+        return g
+
+    def _generate(self, prompts: Sequence[Prompt], params: GenerationParams,
+                  on_token: Callable[[int, str, bool], None] | None) -> list[Generation]:
+        """The decode loop; ``on_token(row, text_so_far, done)`` runs after every generated token."""
         import torch
 
-        params = params or GenerationParams()
         if not prompts:
             return []
         t0 = time.perf_counter()
@@ -159,6 +208,8 @@ class HFBackend(DecoderBackend):
                     cut, hit = _cut_at_stop(texts[i], stops[i])
                     if hit:
                         texts[i], done[i], reasons[i] = cut, True, "stop"
+                    if on_token is not None:
+                        on_token(i, texts[i], done[i])
                 if all(done) or step == params.max_new_tokens - 1:
                     break
                 mask = torch.cat([mask, mask.new_ones(B, 1)], dim=1)

@@ -16,7 +16,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from compressor.base import Budget, CompressedContext, Compressor, TokenCounter, coerce_passages
+from compressor.base import (
+    Budget,
+    CompressedContext,
+    CompressedPassage,
+    Compressor,
+    TokenCounter,
+    coerce_passages,
+)
 from compressor.errors import InputError
 from compressor.prompt import PromptTemplate
 from compressor.registry import get_compressor, get_spec
@@ -89,9 +96,10 @@ class RAGPipeline:
         ]
 
 
-def _documents_block(ctx: CompressedContext) -> str:
+def documents_block(passages: Sequence[CompressedPassage]) -> str:
+    """The ``Documents:`` block inserted before the question (shared with the proxy so the two agree)."""
     lines = []
-    for i, p in enumerate(ctx.passages, 1):
+    for i, p in enumerate(passages, 1):
         lines.append(f"[{i}] {p.title}: {p.text}" if p.title else f"[{i}] {p.text}")
     return "Documents:\n" + "\n".join(lines)
 
@@ -127,7 +135,7 @@ def compress_messages(
         ctx = compressor.compress(messages[last]["content"], coerce_passages(documents), budget)
         wrapped.last_context = ctx
         if ctx.passages:
-            messages[last]["content"] = f"{_documents_block(ctx)}\n\nQuestion: {messages[last]['content']}"
+            messages[last]["content"] = f"{documents_block(ctx.passages)}\n\nQuestion: {messages[last]['content']}"
         kwargs["messages"] = messages
         return create(*args, **kwargs)
 

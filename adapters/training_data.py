@@ -8,17 +8,22 @@ Training therefore draws from:
 * NQ-open: questions from index 400 on, with 9 BM25 distractors each (the eval's ``--distractors``);
 * SQuAD v2: answerable questions from index 300 on (articles 3-5; the eval's first 100 are articles 1-2),
   with 9 distractor paragraphs each.
+
+xRAG (:func:`xrag_records`) also reads plain text: the abstracts, and HotpotQA / NQ / SQuAD paragraphs of
+training questions only; a paragraph whose text also belongs to a held-out eval question is left out.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 from compressor.base import Passage
 
 from .datasets import add_distractors, answer_sentence_evidence, corpus_of, load_dataset
 
-__all__ = ["EVAL_HOLDOUT", "sentinel_records"]
+__all__ = ["EVAL_HOLDOUT", "sentinel_records", "xrag_records"]
 
 EVAL_HOLDOUT = {"hotpotqa_a": 100, "nq": 400, "squad": 300}
 
@@ -48,3 +53,65 @@ def sentinel_records(data_dir: str | Path, n_hotpot: int = 200, n_nq: int = 150,
         "eval_holdout": "first 100 of hotpotqa_train_a.jsonl, first 400 NQ, first 300 answerable SQuAD never trained on",
     }
     return records, data
+
+
+def xrag_records(data_dir: str | Path, n_stage1: int | None = None, n_nq: int | None = None,
+                 n_squad: int | None = None, distractors: int = 0, min_words: int = 20,
+                 seed: int = 0) -> tuple[list[str], list[Any], dict]:
+    """Plain records for ``train_xrag``: (stage-1 passage texts, stage-2 ``QARecord`` s, data description).
+
+    Stage 1: abstracts (paragraphs of at least ``min_words`` words), NQ gold passages of questions 400+,
+    HotpotQA paragraphs (train_b, train_a[100:]) and SQuAD paragraphs of answerable questions 300+, deduplicated,
+    in that order (cut to ``n_stage1``). Stage 2: NQ questions 400+ with their gold passage and first answer,
+    then answerable SQuAD questions 300+ with their paragraph and shortest answer. ``distractors`` K > 0 adds K
+    BM25 passages (from training questions' passages only) around each NQ gold passage: K + 1 rows, as top-K
+    retrieval gives at eval time."""
+    from compressor.xrag.train import QARecord
+
+    d = Path(data_dir)
+    nq_all = load_dataset("nq", d / "nq_open" / "nq-open-oracle-even.jsonl.gz")
+    sq_all = load_dataset("squad", d / "squad_v2_dev_subset" / "squad_v2_dev_first5articles.json")
+    ha_all = load_dataset("hotpotqa", d / "hotpotqa_train" / "hotpotqa_train_a.jsonl")
+    hb = load_dataset("hotpotqa", d / "hotpotqa_train" / "hotpotqa_train_b.json")
+    held_out = {p.text for e in nq_all[: EVAL_HOLDOUT["nq"]] + sq_all[: EVAL_HOLDOUT["squad"]]
+                + ha_all[: EVAL_HOLDOUT["hotpotqa_a"]] for p in e.passages}
+    nq, sq = nq_all[EVAL_HOLDOUT["nq"]:], sq_all[EVAL_HOLDOUT["squad"]:]
+
+    abstracts = []
+    for f in sorted((d / "abstracts").glob("*.txt")):
+        abstracts += [p.strip() for p in re.split(r"\n\s*\n", f.read_text(encoding="utf-8"))
+                      if len(p.split()) >= min_words]
+    sources = {"abstracts": abstracts, "nq": [p.text for e in nq for p in e.passages],
+               "hotpotqa": [p.text for e in hb + ha_all[EVAL_HOLDOUT["hotpotqa_a"]:] for p in e.passages
+                            if len(p.text.split()) >= min_words],
+               "squad": [e.passages[0].text for e in sq]}
+    texts: dict[str, str] = {}
+    counts = {}
+    for name, items in sources.items():
+        before = len(texts)
+        for t in items:
+            if t not in held_out:
+                texts.setdefault(t, name)
+        counts[name] = len(texts) - before
+    stage1 = list(texts)[:n_stage1]
+
+    nq_train = [e for e in nq if e.passages[0].text not in held_out][:n_nq]
+    if distractors:
+        nq_train = add_distractors(nq_train, [p for p in corpus_of(nq) if p.text not in held_out], distractors, seed)
+    sq_train = [e for e in sq if e.answers and e.passages[0].text not in held_out][:n_squad]
+    qa = [QARecord(e.question, tuple(Passage(text=p.text, title=p.title) for p in e.passages), e.answers[0])
+          for e in nq_train]
+    qa += [QARecord(e.question, (Passage(text=e.passages[0].text, title=e.passages[0].title),),
+                    min(e.answers, key=len)) for e in sq_train]
+    data = {
+        "stage1": f"{len(stage1)} of {len(texts)} passages: abstracts {counts['abstracts']}, NQ gold passages of questions "
+                  f"{EVAL_HOLDOUT['nq']}+ {counts['nq']}, HotpotQA paragraphs (train_b, train_a[100:]) "
+                  f"{counts['hotpotqa']}, SQuAD paragraphs (answerable[300:]) {counts['squad']}; deduplicated, "
+                  "eval passages excluded" + (f", cut to {n_stage1}" if n_stage1 else ""),
+        "stage2": f"{len(nq_train)} NQ questions (nq-open-oracle-even[{EVAL_HOLDOUT['nq']}:], gold passage"
+                  + (f" + {distractors} BM25 distractors" if distractors else "") + ", first answer) + "
+                  f"{len(sq_train)} SQuAD answerable[{EVAL_HOLDOUT['squad']}:] (paragraph, shortest answer)",
+        "eval_holdout": "first 400 NQ, first 300 answerable SQuAD, first 100 hotpotqa_train_a questions and their "
+                        "passages never trained on",
+    }
+    return stage1, qa, data

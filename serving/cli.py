@@ -36,12 +36,42 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-new-tokens", type=int, default=32)
     ev.add_argument("--out", type=Path, help="write the summary JSON here (per-sample JSONL beside it)")
     ev.add_argument("--artifact", help="trained artifact folder for the method (default: the shipped one)")
+    ev.add_argument("--retrieve", type=int, default=0, metavar="K",
+                    help="nq: top-K passages retrieved (MiniLM, index cached under $RAGPRESS_HOME/indexes) from all "
+                         "passages of the file, instead of the gold passage")
 
     md = sub.add_parser("models", help="list or provision the named default models")
     md.add_argument("action", choices=["list", "provision"], nargs="?", default="list")
     md.add_argument("names", nargs="*")
 
     sub.add_parser("methods", help="list the registered compressor families")
+
+    sv = sub.add_parser("serve", help="run the OpenAI-compatible compression proxy")
+    sv.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0: the whole network)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--method", default="bm25", help="default compression method (a text method)")
+    svb = sv.add_mutually_exclusive_group()
+    svb.add_argument("--ratio", type=float, help="default compression ratio; unset: the method's default")
+    svb.add_argument("--target-tokens", type=int, help="default document-token budget")
+    sv.add_argument("--model", default="smollm2-135m-instruct", help="in-process decoder (named or HF folder)")
+    sv.add_argument("--served-model-name", help="model name clients send (default: --model)")
+    sv.add_argument("--upstream", help="remote OpenAI-compatible base URL, e.g. http://127.0.0.1:8001/v1")
+    sv.add_argument("--tokenizer", help="tokenizer counting document tokens (default: --model's)")
+    sv.add_argument("--api-key", action="append", default=None,
+                    help="accepted bearer key (repeatable; or RAGPRESS_API_KEYS=k1,k2); none: no auth")
+    sv.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
+    sv.add_argument("--timeout", type=float, default=120.0, help="upstream / generation timeout, seconds")
+
+    bn = sub.add_parser("bench", help="methods x ratios x datasets, side by side, resumable")
+    bn.add_argument("--datasets", nargs="+", default=["hotpotqa", "nq-d9"],
+                    help="hotpotqa | nq | squad, with -dK for K distractors and -u for SQuAD unanswerable (squad-d9-u)")
+    bn.add_argument("--methods", nargs="+", default=["none", "no_context", "oracle", "bm25", "minilm", "sentinel"])
+    bn.add_argument("--ratios", nargs="+", type=float, default=[3.0, 5.0])
+    bn.add_argument("--decoders", nargs="+", default=["smollm2-135m-instruct"])
+    bn.add_argument("--limit", type=int, default=100)
+    bn.add_argument("--data", type=Path, default=Path("../shared/data"))
+    bn.add_argument("--out-dir", type=Path, default=Path("runs/bench"))
+    bn.add_argument("--seed", type=int, default=0)
 
     tr = sub.add_parser("train", help="train a compressor family and write its artifact")
     tsub = tr.add_subparsers(dest="family", required=True)
@@ -53,7 +83,37 @@ def build_parser() -> argparse.ArgumentParser:
     ts.add_argument("--nq", type=int, default=150, help="NQ training questions")
     ts.add_argument("--squad", type=int, default=150, help="SQuAD training questions")
     ts.add_argument("--seed", type=int, default=0)
+    ts.add_argument("--features-cache", type=Path, help="npz cache of extracted features (reused if present)")
+    _add_train_xrag(tsub)
     return ap
+
+
+def _add_train_xrag(tsub: Any) -> None:
+    from compressor.xrag.config import XRAGConfig, XRAGTrainConfig
+
+    d = XRAGTrainConfig()
+    tx = tsub.add_parser("xrag", help="train the xRAG bridge (one soft row per passage)")
+    tx.add_argument("--data", type=Path, default=Path("../shared/data"), help="the shared data folder")
+    tx.add_argument("--out", type=Path, required=True, help="artifact folder to write")
+    tx.add_argument("--work-dir", type=Path, help="checkpoints, loss log, vector cache (default runs/xrag-train/<out>)")
+    tx.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work-dir")
+    tx.add_argument("--decoder", default="smollm2-135m-instruct")
+    tx.add_argument("--embedder", default="minilm-l6")
+    tx.add_argument("--bridge-width", type=int, default=XRAGConfig().bridge_width)
+    tx.add_argument("--stage1-steps", type=int, default=d.stage1_steps, help="paraphrase pretraining steps")
+    tx.add_argument("--stage2-steps", type=int, default=d.stage2_steps, help="question -> answer tuning steps")
+    tx.add_argument("--batch-size", type=int, default=d.batch_size)
+    tx.add_argument("--stage1-lr", type=float, default=d.stage1_lr)
+    tx.add_argument("--stage2-lr", type=float, default=d.stage2_lr)
+    tx.add_argument("--kl-weight", type=float, default=d.kl_weight, help="stage-2 self-distillation weight")
+    tx.add_argument("--max-passage-tokens", type=int, default=d.max_passage_tokens)
+    tx.add_argument("--precision", choices=["bf16", "fp32"], default=d.precision)
+    tx.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    tx.add_argument("--distractors", type=int, default=0, help="stage 2: K BM25 passages around each NQ gold one")
+    tx.add_argument("--n-stage1", type=int, help="use at most this many stage-1 passages")
+    tx.add_argument("--n-nq", type=int, help="use at most this many NQ training questions")
+    tx.add_argument("--n-squad", type=int, help="use at most this many SQuAD training questions")
+    tx.add_argument("--seed", type=int, default=d.seed)
 
 
 def _method_options(args: argparse.Namespace, decoder: str) -> dict[str, Any]:
@@ -69,22 +129,41 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from adapters.evaluate import evaluate, summarize
     from compressor import Budget, TokenCounter, get_compressor, get_spec
 
-    get_spec(args.method)
+    if args.method != "xrag":  # xrag may be unregistered (no shipped bridge) yet loadable with --artifact
+        get_spec(args.method)
     budget = Budget(ratio=args.ratio, target_tokens=args.target_tokens, threshold=args.threshold)
     if args.distractors and args.dataset not in ("nq", "squad"):
         raise SystemExit("--distractors applies to --dataset nq or squad")
+    index, extra = None, {}
+    if args.retrieve and (args.dataset != "nq" or args.distractors):
+        raise SystemExit("--retrieve applies to --dataset nq, without --distractors")
     if args.distractors:
         everything = load_dataset(args.dataset, args.path, unanswerable=args.unanswerable)
         examples = add_distractors(everything[: args.limit], corpus_of(everything), args.distractors, seed=args.seed)
+    elif args.retrieve:
+        from adapters.retrieval import retrieve_examples
+
+        examples, index, info = retrieve_examples(load_dataset("nq", args.path), args.limit, args.retrieve)
+        extra = {"retrieve": args.retrieve, "gold_recall_at_k": info["gold_recall_at_k"], "index": info["index"]}
     else:
         examples = load_dataset(args.dataset, args.path, limit=args.limit, unanswerable=args.unanswerable)
     backend = HFBackend.load(args.decoder)
     counter = TokenCounter.from_tokenizer(backend.tokenizer)
-    comp = get_compressor(args.method, counter=counter, **_method_options(args, args.decoder))
+    if args.method == "xrag":
+        from compressor.xrag import load_xrag
+
+        comp = load_xrag(counter, args.artifact, decoder=args.decoder, index=index)
+        extra.update(artifact=args.artifact, trained=comp.trained)
+        if not comp.trained:
+            print("xrag: UNTRAINED bridge (control)", file=sys.stderr)
+    else:
+        comp = get_compressor(args.method, counter=counter, **_method_options(args, args.decoder))
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     records = evaluate(examples, backend, comp, budget, params)
+    if args.method == "xrag":
+        extra.update(index_hits=comp.index_hits, encoded_on_the_fly=comp.encoded_on_the_fly)
     summary = summarize(records, args.method, args.ratio, dataset=args.dataset, decoder=args.decoder,
-                        distractors=args.distractors, target_tokens=args.target_tokens)
+                        distractors=args.distractors, target_tokens=args.target_tokens, **extra)
     _print_table(summary)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -112,7 +191,75 @@ def _print_table(s: dict[str, Any]) -> None:
     print("| " + " | ".join(_fmt(s.get(k)) for k in keys) + " |")
 
 
+_DATA_FILES = {
+    "hotpotqa": "hotpotqa_train/hotpotqa_train_a.jsonl",
+    "nq": "nq_open/nq-open-oracle-even.jsonl.gz",
+    "squad": "squad_v2_dev_subset/squad_v2_dev_first5articles.json",
+}
+
+
+def parse_dataset_label(label: str, data: Path) -> Any:
+    """'nq-d9' -> NQ with 9 distractors; 'squad-d4-u' -> SQuAD with unanswerable questions too."""
+    from adapters.bench import DatasetSpec
+    from compressor.errors import InputError
+
+    parts = label.split("-")
+    kind = parts[0]
+    if kind not in _DATA_FILES:
+        raise InputError(f"unknown bench dataset {label!r}: use hotpotqa, nq or squad, with -dK and -u suffixes")
+    k, u = 0, False
+    for p in parts[1:]:
+        if p.startswith("d") and p[1:].isdigit():
+            k = int(p[1:])
+        elif p == "u":
+            u = True
+        else:
+            raise InputError(f"unknown suffix {p!r} in bench dataset {label!r}: use -dK or -u")
+    return DatasetSpec(label=label, kind=kind, path=data / _DATA_FILES[kind], distractors=k, unanswerable=u)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from adapters.bench import BenchConfig, markdown_table, run_bench
+
+    cfg = BenchConfig(datasets=[parse_dataset_label(d, args.data) for d in args.datasets], methods=args.methods,
+                      ratios=args.ratios, decoders=args.decoders, limit=args.limit, seed=args.seed,
+                      out_dir=args.out_dir)
+    rows = run_bench(cfg)
+    print(markdown_table(rows))
+    print(f"wrote {args.out_dir}/summary.json, table.md, samples.jsonl and plots")
+    return 0
+
+
+def cmd_train_xrag(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from adapters.training_data import xrag_records
+    from compressor.errors import ConfigError
+    from compressor.xrag.config import XRAGConfig, XRAGTrainConfig
+    from compressor.xrag.train import train_xrag
+
+    try:
+        config = XRAGConfig(embedder=args.embedder, decoder=args.decoder, bridge_width=args.bridge_width)
+        train = XRAGTrainConfig(stage1_steps=args.stage1_steps, stage2_steps=args.stage2_steps,
+                                batch_size=args.batch_size, stage1_lr=args.stage1_lr, stage2_lr=args.stage2_lr,
+                                kl_weight=args.kl_weight, max_passage_tokens=args.max_passage_tokens,
+                                precision=args.precision, checkpoint_every=args.checkpoint_every, seed=args.seed)
+    except ValidationError as e:
+        raise ConfigError(f"train xrag options are invalid: {e}") from None
+    texts, qa, data = xrag_records(args.data, args.n_stage1, args.n_nq, args.n_squad, args.distractors, seed=args.seed)
+    work = args.work_dir or Path("runs") / "xrag-train" / args.out.name
+    comp, report = train_xrag(texts, qa, work, config, train, resume=args.resume)
+    trained = report["stage1_steps_done"] + report["stage2_steps_done"] > 0
+    path = comp.save_pretrained(args.out, trained=trained,
+                                training={"data": data, **{k: v for k, v in report.items() if k != "log"}})
+    print(json.dumps({k: v for k, v in report.items() if k != "train_config"}, indent=2))
+    print(f"wrote {path}" + ("" if trained else " (untrained control: \"trained\": false)"))
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    if args.family == "xrag":
+        return cmd_train_xrag(args)
     from adapters.training_data import sentinel_records
     from compressor import TokenCounter
     from compressor.models import load_tokenizer
@@ -120,7 +267,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     records, data = sentinel_records(args.data, args.hotpotqa, args.nq, args.squad, seed=args.seed)
     counter = TokenCounter.from_tokenizer(load_tokenizer(args.proxy))
-    comp, report = train_sentinel(records, counter, proxy=args.proxy, seed=args.seed)
+    comp, report = train_sentinel(records, counter, proxy=args.proxy, seed=args.seed,
+                                  features_cache=args.features_cache)
     training = {"data": data, **{k: v for k, v in report.items() if k not in ("chosen", "grid")}}
     scores = {**report["chosen"], "grid": report["grid"]}
     path = comp.save_pretrained(args.out, training=training, scores=scores)
@@ -142,6 +290,31 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
+    from compressor.errors import ConfigError, require_extra
+
+    for module in ("fastapi", "uvicorn", "httpx"):
+        require_extra(module, "serve")
+    from pydantic import ValidationError
+
+    from serving.app import ProxySettings, serve
+
+    keys = args.api_key or [k for k in os.environ.get("RAGPRESS_API_KEYS", "").split(",") if k.strip()]
+    try:
+        settings = ProxySettings(
+            host=args.host, port=args.port, method=args.method, ratio=args.ratio, target_tokens=args.target_tokens,
+            model=args.model, served_model_name=args.served_model_name, upstream=args.upstream,
+            upstream_api_key=os.environ.get("RAGPRESS_UPSTREAM_API_KEY"), tokenizer=args.tokenizer, api_keys=keys,
+            max_body_bytes=args.max_body_bytes, timeout_s=args.timeout)
+    except ValidationError as e:
+        detail = "; ".join(f"{'.'.join(map(str, er['loc']))}: {er['msg']}" for er in e.errors())  # no values: keys
+        raise ConfigError(f"serve options are invalid: {detail}") from None
+    serve(settings)
+    return 0
+
+
 def cmd_methods(args: argparse.Namespace) -> int:
     from compressor import available_compressors
 
@@ -154,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     from compressor.errors import RagpressError
 
     args = build_parser().parse_args(argv)
-    handlers = {"eval": cmd_eval, "models": cmd_models, "methods": cmd_methods, "train": cmd_train}
+    handlers = {"eval": cmd_eval, "models": cmd_models, "methods": cmd_methods, "train": cmd_train, "bench": cmd_bench,
+                "serve": cmd_serve}
     try:
         return handlers[args.cmd](args)
     except RagpressError as e:

@@ -106,7 +106,7 @@ def test_stop_strings_and_max_tokens(tiny_backend, smol_tokenizer):
 def test_gemma_style_scaled_embeddings(smol_tokenizer):
     """Gemma scales input embeddings by sqrt(hidden) inside its embedding module; splicing via
     embed_prompt must land in that scale, so embeds and ids generate alike."""
-    from transformers import Gemma3TextConfig, Gemma3ForCausalLM
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     torch.manual_seed(0)
     cfg = Gemma3TextConfig(vocab_size=len(smol_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -2,7 +2,13 @@ from __future__ import annotations
 
 import pytest
 
-from compressor import ConfigError, UnknownNameError, available_compressors, get_compressor, register_compressor
+from compressor import (
+    ConfigError,
+    UnknownNameError,
+    available_compressors,
+    get_compressor,
+    register_compressor,
+)
 from compressor.reference import FullContext
 
 

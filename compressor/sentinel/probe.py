@@ -12,8 +12,7 @@ while a capture is active, computes ``softmax(q_last @ k^T * scaling + mask)`` f
 arrive after RoPE and any q/k norms, exactly as the model uses them. Early exit stops the forward pass after
 the last needed layer.
 
-Features per sentence and (layer, head): mean and max attention over the sentence's tokens (averaged over
-the m query positions), plus log token count and relative position: ``2 * layers * heads + 2`` numbers.
+Features per sentence: see :meth:`AttentionProbe.features`: ``2 * layers * heads + 2`` numbers.
 """
 
 from __future__ import annotations
@@ -41,9 +40,9 @@ class _EarlyExit(Exception):
 
 @dataclass
 class _Capture:
-    m: int
+    groups: list[torch.Tensor]  # query positions, one group per feature block; rows are averaged per group
     max_layers: int
-    rows: dict[int, torch.Tensor] = field(default_factory=dict)
+    rows: dict[int, list[torch.Tensor]] = field(default_factory=dict)
 
 
 def _probe_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
@@ -52,25 +51,29 @@ def _probe_attention(module, query, key, value, attention_mask, dropout: float =
     cap = _CAPTURE.get()
     if cap is not None:
         layer = int(getattr(module, "layer_idx", len(cap.rows)))
-        m = min(cap.m, query.shape[2])
-        q = query[:, :, -m:, :].float()
+        qidx = torch.cat(cap.groups)
+        q = query[:, :, qidx, :].float()
         k = key.float()
         if k.shape[1] != q.shape[1]:
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         scale = scaling if scaling is not None else 1.0 / math.sqrt(q.shape[-1])
-        s = (q @ k.transpose(-1, -2)) * scale  # [B, H, m, L]
+        s = (q @ k.transpose(-1, -2)) * scale  # [B, H, m, L]: only the m rows needed
         cap_soft = getattr(module, "attn_logit_softcapping", None) or getattr(
             getattr(module, "config", None), "attn_logit_softcapping", None)
         if cap_soft:
             s = torch.tanh(s / cap_soft) * cap_soft
         L = k.shape[2]
         if attention_mask is not None and attention_mask.dim() == 4:
-            am = attention_mask[:, :, -m:, -L:]
+            am = attention_mask[:, :, qidx, -L:]
             s = s.masked_fill(~am, float("-inf")) if am.dtype == torch.bool else s + am.float()
         else:
-            qpos = torch.arange(L - m, L, device=s.device)[:, None]
-            s = s.masked_fill(torch.arange(L, device=s.device)[None, :] > qpos, float("-inf"))
-        cap.rows[layer] = torch.softmax(s, dim=-1).mean(dim=2)[0]  # [H, L]
+            s = s.masked_fill(torch.arange(L, device=s.device)[None, :] > qidx[:, None], float("-inf"))
+        p = torch.softmax(s, dim=-1)[0]  # [H, m, L]
+        out_rows, start = [], 0
+        for g in cap.groups:
+            out_rows.append(p[:, start:start + len(g)].mean(dim=1))  # [H, L]
+            start += len(g)
+        cap.rows[layer] = out_rows
     out = ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, dropout=dropout,
                                           scaling=scaling, **kwargs)
     if cap is not None and len(cap.rows) >= cap.max_layers:
@@ -80,13 +83,17 @@ def _probe_attention(module, query, key, value, attention_mask, dropout: float =
 
 def _register() -> None:
     from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     AttentionInterface.register(ATTN_IMPL, _probe_attention)
+    # Without a registered mask function transformers builds no mask at all for a custom implementation:
+    # causal-only models still work (SDPA's is_causal), but sliding-window layers (Gemma 3) would not.
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_IMPL, sdpa_mask)
 
 
 @dataclass
 class ProbeFeatures:
-    """Features of one prompt. ``x``: ``[n_sentences, 2 * layers * heads + 2]``."""
+    """Features of one prompt. ``x``: ``[n_sentences, N_BLOCKS * layers * heads + 2]``."""
 
     x: np.ndarray
     prompt_tokens: int
@@ -116,10 +123,10 @@ class AttentionProbe:
         return cls(model, tok, **kw)
 
     def n_features(self, layers: int) -> int:
-        return 2 * layers * self.n_heads + 2
+        return N_BLOCKS * layers * self.n_heads + 2
 
     def _prompt(self, query: str, passages: list[Passage], spans: list[list[tuple[int, int]]]):
-        """Prompt text and, per sentence, its [start, end) char range in that text."""
+        """Prompt text, per sentence its [start, end) char range in that text, and the question's range."""
         head = "Read the context and answer the question.\n\nContext:\n"
         parts, ranges, pos = [head], [], len(head)
         for p, sp in zip(passages, spans):
@@ -133,38 +140,49 @@ class AttentionProbe:
                 ranges.append((pos, pos + e - s))
                 parts.append(t)
                 pos += len(t)
-        body = "".join(parts) + f"\nQuestion: {query.strip()}"
+        q = query.strip()
+        body = "".join(parts) + f"\nQuestion: {q}"
+        qrange = (len(body) - len(q), len(body))
         if getattr(self.tokenizer, "chat_template", None):
             msgs = [{"role": "user", "content": body}]
             text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
             shift = text.index(body)
         else:
             text, shift = body + "\nAnswer:", 0
-        return text, [(a + shift, b + shift) for a, b in ranges]
+        return text, [(a + shift, b + shift) for a, b in ranges], (qrange[0] + shift, qrange[1] + shift)
 
     def features(self, query: str, passages: list[Passage], spans: list[list[tuple[int, int]]],
                  layers: int | None = None) -> ProbeFeatures:
         """Features of every sentence in ``spans`` (per passage, ``[start, end)`` in the passage text), in
-        order. ``layers``: early exit after that many layers (None: all)."""
+        order. ``layers``: early exit after that many layers (None: all).
+
+        Two groups of query positions are read: the question's tokens and the final ``query_positions``
+        prompt positions. Per group and (layer, head): the mean attention over the sentence's tokens, as a
+        per-question z-score of its log (attention is relative: what matters is how a sentence compares with
+        the others of the same context). Then log token count and relative position."""
         layers = self.n_layers if layers is None else min(layers, self.n_layers)
-        text, ranges = self._prompt(query, passages, spans)
+        text, ranges, qrange = self._prompt(query, passages, spans)
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        ids, offsets = enc["input_ids"], enc["offset_mapping"]
+        ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
         bos = getattr(self.tokenizer, "bos_token_id", None)
         if not getattr(self.tokenizer, "chat_template", None) and bos is not None:
-            ids, offsets = [bos] + list(ids), [(0, 0)] + list(offsets)
+            ids, offsets = [bos] + ids, [(0, 0)] + offsets
         L = len(ids)
         if L > self.max_context_tokens:
             raise InputError(f"the proxy prompt has {L} tokens, over max_context_tokens={self.max_context_tokens}; "
                              "raise it (up to the proxy's context length) or pass fewer passages")
         starts = np.array([a for a, _ in offsets])
         ends = np.array([b for _, b in offsets])
-        n = len(ranges)
-        tok_ranges = []
-        for a, b in ranges:
+
+        def tok_range(a: int, b: int) -> tuple[int, int]:
             idx = np.nonzero((ends > a) & (starts < b))[0]
-            tok_ranges.append((int(idx[0]), int(idx[-1]) + 1) if len(idx) else (0, 0))
-        cap = _Capture(m=self.m, max_layers=layers)
+            return (int(idx[0]), int(idx[-1]) + 1) if len(idx) else (0, 0)
+
+        n = len(ranges)
+        tok_ranges = [tok_range(a, b) for a, b in ranges]
+        qa, qb = tok_range(*qrange)
+        groups = [torch.arange(qa, qb) if qb > qa else torch.tensor([L - 1]), torch.arange(max(0, L - self.m), L)]
+        cap = _Capture(groups=groups, max_layers=layers)
         token = _CAPTURE.set(cap)
         try:
             with torch.inference_mode():
@@ -176,17 +194,26 @@ class AttentionProbe:
         if len(cap.rows) < layers:
             raise RuntimeError(f"captured attention of {len(cap.rows)} layers, expected {layers}: the proxy does not "
                                "dispatch attention through transformers' AttentionInterface")
-        A = torch.stack([cap.rows[i] for i in sorted(cap.rows)[:layers]]).reshape(layers * self.n_heads, L)
-        A = A.numpy()
-        x = np.zeros((n, 2 * layers * self.n_heads + 2), dtype=np.float32)
+        LH = layers * self.n_heads
+        x = np.zeros((n, N_BLOCKS * LH + 2), dtype=np.float32)
+        for gi in range(len(groups)):
+            A = torch.stack([cap.rows[i][gi] for i in sorted(cap.rows)[:layers]]).reshape(LH, L).numpy()
+            mean = np.zeros((n, LH), dtype=np.float64)
+            for i, (a, b) in enumerate(tok_ranges):
+                if b > a:
+                    mean[i] = A[:, a:b].mean(1)
+            logm = np.log(mean + 1e-6)
+            x[:, gi * LH:(gi + 1) * LH] = (logm - logm.mean(0)) / (logm.std(0) + 1e-6) if n > 1 else 0.0
         for i, (a, b) in enumerate(tok_ranges):
-            if b > a:
-                seg = A[:, a:b]
-                x[i, : layers * self.n_heads] = seg.mean(1)
-                x[i, layers * self.n_heads: 2 * layers * self.n_heads] = seg.max(1)
             x[i, -2] = math.log1p(b - a)
             x[i, -1] = i / max(n - 1, 1)
         return ProbeFeatures(x=x, prompt_tokens=L, layers=layers, heads=self.n_heads)
+
+
+# (question positions, final positions): per-question z-score of log mean attention. Measured on 180
+# training questions (validation AUC / recall@20%): raw mean+max 0.76 / 0.60, the z-scores alone 0.89 / 0.78;
+# the question's positions carry most of it (final positions alone: 0.61 / 0.36).
+N_BLOCKS = 2
 
 
 def select_layers(x: np.ndarray, from_layers: int, to_layers: int, heads: int) -> np.ndarray:
@@ -194,4 +221,4 @@ def select_layers(x: np.ndarray, from_layers: int, to_layers: int, heads: int) -
     if to_layers == from_layers:
         return x
     k, f = to_layers * heads, from_layers * heads
-    return np.concatenate([x[:, :k], x[:, f: f + k], x[:, -2:]], axis=1)
+    return np.concatenate([x[:, b * f: b * f + k] for b in range(N_BLOCKS)] + [x[:, -2:]], axis=1)

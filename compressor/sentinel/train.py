@@ -13,6 +13,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -63,6 +64,24 @@ def extract_features(records: Sequence[tuple[str, str, list[Passage]]], attentio
     return out
 
 
+def save_features(path: str | Path, feats: Sequence[QuestionFeatures]) -> None:
+    """Cache extracted features (plain arrays, no pickle) so probe fitting can be redone without the proxy."""
+    lens = np.array([len(q.y) for q in feats])
+    np.savez_compressed(path, x=np.concatenate([q.x for q in feats]), y=np.concatenate([q.y for q in feats]),
+                        costs=np.concatenate([np.array(q.costs) for q in feats]), lens=lens,
+                        tokens_in=np.array([q.tokens_in for q in feats]), source=np.array([q.source for q in feats]))
+
+
+def load_features(path: str | Path) -> list[QuestionFeatures]:
+    z = np.load(path, allow_pickle=False)
+    out, start = [], 0
+    for i, n in enumerate(z["lens"]):
+        out.append(QuestionFeatures(str(z["source"][i]), z["x"][start:start + n], z["y"][start:start + n],
+                                    z["costs"][start:start + n].tolist(), int(z["tokens_in"][i])))
+        start += n
+    return out
+
+
 def fit_probe(x: np.ndarray, y: np.ndarray, c: float, seed: int = 0) -> SentinelProbe:
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
@@ -90,12 +109,13 @@ def train_sentinel(
     counter: TokenCounter,
     proxy: str = "smollm2-135m-instruct",
     layer_grid: Sequence[int] = (2, 4, 6, 8, 12, 16, 30),
-    c_grid: Sequence[float] = (0.01, 0.1, 1.0),
+    c_grid: Sequence[float] = (0.003, 0.01, 0.03),
     val_fraction: float = 0.15,
     recall_tolerance: float = 0.01,
     seed: int = 0,
     progress: bool = True,
     log: Callable[[str], None] = print,
+    features_cache: str | Path | None = None,
 ) -> tuple[SentinelCompressor, dict[str, Any]]:
     """Extract features, pick (layers, C) on validation questions, fit, and return the compressor with a
     report. The depth chosen is the shallowest whose validation recall@20% is within ``recall_tolerance``
@@ -105,7 +125,15 @@ def train_sentinel(
     attention = AttentionProbe.load(proxy)
     n_layers, heads = attention.n_layers, attention.n_heads
     grid = sorted({min(k, n_layers) for k in layer_grid} | {n_layers})
-    feats = extract_features(records, attention, counter, progress)
+    if features_cache is not None and Path(features_cache).exists():
+        feats = load_features(features_cache)
+        if len(feats) != len(records):
+            raise ValueError(f"{features_cache} holds {len(feats)} questions, not {len(records)}: delete it")
+        log(f"features loaded from {features_cache}")
+    else:
+        feats = extract_features(records, attention, counter, progress)
+        if features_cache is not None:
+            save_features(features_cache, feats)
     idx = list(range(len(feats)))
     random.Random(seed).shuffle(idx)
     n_val = max(1, int(len(idx) * val_fraction))

@@ -1,0 +1,250 @@
+"""The benchmark: methods x ratios x datasets on the same decoder(s) and the same questions, in one process.
+
+Resumable: every finished sample is appended to ``samples.jsonl`` keyed by (decoder, dataset, method, ratio,
+id) and skipped on the next run. Outputs in ``out_dir``: ``samples.jsonl``, ``summary.json``, ``table.md``
+and, when matplotlib is installed, ``f1_vs_ratio.png`` and ``latency.png``.
+
+Differences from ``none`` are paired on the same questions, with a seeded bootstrap 95% interval.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import statistics
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from compressor.base import Budget, TokenCounter
+from compressor.registry import get_compressor, get_spec
+
+from .backends import GenerationParams, HFBackend
+from .datasets import QAExample, add_distractors, corpus_of, load_dataset
+from .evaluate import evaluate
+
+__all__ = ["DatasetSpec", "BenchConfig", "run_bench", "summarize_bench", "REFERENCE_METHODS"]
+
+REFERENCE_METHODS = ("none", "no_context", "oracle")
+
+
+class DatasetSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    label: str = Field(description="Name in tables, e.g. 'nq-d9'.")
+    kind: Literal["hotpotqa", "nq", "squad", "jsonl"]
+    path: Path
+    distractors: int = Field(default=0, ge=0, le=50)
+    unanswerable: bool = False
+
+
+class BenchConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    datasets: list[DatasetSpec]
+    methods: list[str]
+    ratios: list[float] = Field(default_factory=lambda: [3.0, 5.0])
+    decoders: list[str] = Field(default_factory=lambda: ["smollm2-135m-instruct"])
+    limit: int | None = Field(default=100, ge=1)
+    seed: int = 0
+    max_new_tokens: int = Field(default=32, ge=1)
+    out_dir: Path = Path("runs/bench")
+
+
+def _key(r: dict) -> tuple:
+    return (r["decoder"], r["dataset"], r["method"], r["ratio_requested"], r["id"])
+
+
+def _load(spec: DatasetSpec, limit: int | None, seed: int) -> list[QAExample]:
+    if spec.distractors:
+        everything = load_dataset(spec.kind, spec.path, unanswerable=spec.unanswerable)
+        return add_distractors(everything[:limit], corpus_of(everything), spec.distractors, seed=seed)
+    return load_dataset(spec.kind, spec.path, limit=limit, unanswerable=spec.unanswerable)
+
+
+def run_bench(cfg: BenchConfig, progress: bool = True, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Run (or resume) the grid; return the summary rows (also written to ``out_dir``)."""
+    for m in cfg.methods:
+        get_spec(m)  # fail on a bad name before any model loads
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    samples_path = cfg.out_dir / "samples.jsonl"
+    done = set()
+    if samples_path.exists():
+        for line in samples_path.read_text().splitlines():
+            if line.strip():
+                done.add(_key(json.loads(line)))
+    (cfg.out_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+    data = {d.label: _load(d, cfg.limit, cfg.seed) for d in cfg.datasets}
+    params = GenerationParams(max_new_tokens=cfg.max_new_tokens)
+    with open(samples_path, "a") as sink:
+        for dec in cfg.decoders:
+            backend = HFBackend.load(dec)
+            counter = TokenCounter.from_tokenizer(backend.tokenizer)
+            comps: dict[str, Any] = {}
+            for spec in cfg.datasets:
+                exs = data[spec.label]
+                has_evidence = any(p.evidence for e in exs for p in e.passages)
+                for m in cfg.methods:
+                    if m == "oracle" and not has_evidence:
+                        continue
+                    ratios: Sequence[float | None] = [None] if m in REFERENCE_METHODS else cfg.ratios
+                    for r in ratios:
+                        todo = [e for e in exs if (dec, spec.label, m, r, e.id) not in done]
+                        if not todo:
+                            continue
+                        if m not in comps:
+                            comps[m] = get_compressor(m, counter=counter)
+                        log(f"{dec} | {spec.label} | {m} | ratio {r}: {len(todo)} questions")
+                        budget = Budget(ratio=r) if r else Budget()
+
+                        def write(rec: dict, _m=m, _r=r, _dec=dec, _ds=spec.label) -> None:
+                            rec.update(decoder=_dec, dataset=_ds, method=_m, ratio_requested=_r,
+                                       peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+                            sink.write(json.dumps(rec) + "\n")
+                            sink.flush()
+
+                        evaluate(todo, backend, comps[m], budget, params, progress=progress, on_sample=write)
+            del backend, comps
+    rows = summarize_bench(samples_path, cfg)
+    return rows
+
+
+def _bootstrap(diffs: list[float], seed: int = 0, n: int = 2000) -> tuple[float, float]:
+    rng = random.Random(seed)
+    k = len(diffs)
+    means = sorted(statistics.fmean(rng.choices(diffs, k=k)) for _ in range(n))
+    return means[int(0.025 * n)], means[int(0.975 * n) - 1]
+
+
+def summarize_bench(samples_path: Path, cfg: BenchConfig) -> list[dict[str, Any]]:
+    recs = [json.loads(line) for line in samples_path.read_text().splitlines() if line.strip()]
+    groups: dict[tuple, list[dict]] = {}
+    for r in recs:
+        groups.setdefault((r["decoder"], r["dataset"], r["method"], r["ratio_requested"]), []).append(r)
+    rows = []
+    for (dec, ds, m, rr), g in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+        base = {r["id"]: r for r in groups.get((dec, ds, "none", None), [])}
+        paired = [(r["f1"], base[r["id"]]["f1"]) for r in g if r["id"] in base]
+        tin, tout = sum(r["tokens_in"] for r in g), sum(r["tokens_out"] for r in g)
+
+        def mean(k: str, g: list[dict] = g) -> float | None:
+            xs = [x[k] for x in g if x.get(k) is not None]
+            return statistics.fmean(xs) if xs else None
+
+        row = {
+            "decoder": dec, "dataset": ds, "method": m, "ratio_requested": rr, "n": len(g),
+            "em": mean("em"), "f1": mean("f1"), "accuracy": mean("accuracy"),
+            "evidence_recall": mean("evidence_recall"),
+            "tokens_in_mean": tin / len(g), "tokens_out_mean": tout / len(g), "ratio": tin / tout if tout else None,
+            "compress_s_mean": mean("compress_s"), "ttft_s_mean": mean("ttft_s"), "e2e_s_mean": mean("e2e_s"),
+            "decode_tok_s": (sum(r["new_tokens"] for r in g) / max(1e-9, sum(r["e2e_s"] - r["compress_s"] - r["ttft_s"] for r in g))),
+            "peak_rss_mb": max(r.get("peak_rss_mb", 0) for r in g),
+        }
+        if paired and m != "none":
+            diffs = [a - b for a, b in paired]
+            lo, hi = _bootstrap(diffs, cfg.seed)
+            nb = statistics.fmean(b for _, b in paired)
+            row.update(d_f1_vs_none=statistics.fmean(diffs), d_f1_ci95=[lo, hi],
+                       f1_share_of_none=(statistics.fmean(a for a, _ in paired) / nb) if nb else None)
+        rows.append(row)
+    (cfg.out_dir / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (cfg.out_dir / "table.md").write_text(markdown_table(rows))
+    _plots(rows, cfg.out_dir)
+    return rows
+
+
+def _f(v: Any, nd: int = 3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{nd}f}"
+    if isinstance(v, list):
+        return "[" + ", ".join(_f(x, 2) for x in v) + "]"
+    return str(v)
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    cols = ["decoder", "dataset", "method", "ratio_requested", "n", "ratio", "em", "f1", "accuracy", "evidence_recall",
+            "d_f1_vs_none", "d_f1_ci95", "tokens_out_mean", "compress_s_mean", "ttft_s_mean", "e2e_s_mean"]
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        out.append("| " + " | ".join(_f(r.get(c)) for c in cols) + " |")
+    return "\n".join(out) + "\n"
+
+
+def _plots(rows: list[dict[str, Any]], out: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    for dec in sorted({r["decoder"] for r in rows}):
+        dsets = sorted({r["dataset"] for r in rows if r["decoder"] == dec})
+        fig, axes = plt.subplots(1, len(dsets), figsize=(5 * len(dsets), 4), squeeze=False)
+        for ax, ds in zip(axes[0], dsets):
+            sub = [r for r in rows if r["decoder"] == dec and r["dataset"] == ds]
+            for m in sorted({r["method"] for r in sub}):
+                pts = sorted((r["ratio"] or 0.0, r["f1"]) for r in sub if r["method"] == m and r["ratio"])
+                if m in ("none", "no_context", "oracle"):
+                    for r in sub:
+                        if r["method"] == m:
+                            ax.axhline(r["f1"], ls="--", lw=1, label=m, color={"none": "k", "no_context": "grey", "oracle": "g"}[m])
+                elif pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
+            ax.set_xlabel("measured compression ratio (decoder tokens)")
+            ax.set_ylabel("F1")
+            ax.set_title(f"{ds} ({dec})")
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / f"f1_vs_ratio_{dec}.png", dpi=110)
+        plt.close(fig)
+        sub = [r for r in rows if r["decoder"] == dec]
+        labels = [f"{r['dataset']}\n{r['method']}@{r['ratio_requested'] or '-'}" for r in sub]
+        comp = [r["compress_s_mean"] or 0 for r in sub]
+        pre = [r["ttft_s_mean"] or 0 for r in sub]
+        dec_s = [max(0.0, (r["e2e_s_mean"] or 0) - (r["compress_s_mean"] or 0) - (r["ttft_s_mean"] or 0)) for r in sub]
+        fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(sub)), 4))
+        x = range(len(sub))
+        ax.bar(x, comp, label="compression")
+        ax.bar(x, pre, bottom=comp, label="prefill (time to first token)")
+        ax.bar(x, dec_s, bottom=[a + b for a, b in zip(comp, pre)], label="decode")
+        ax.set_xticks(list(x), labels, rotation=90, fontsize=6)
+        ax.set_ylabel("seconds per question")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / f"latency_{dec}.png", dpi=110)
+        plt.close(fig)
+
+
+def write_benchmarks_md(rows: list[dict[str, Any]], cfg: BenchConfig, command: str, path: Path,
+                        notes: str = "") -> Path:
+    """BENCHMARKS.md: the latest table, the plots, the exact command, the machine and the date."""
+    import datetime
+    import os
+    import platform
+
+    plots = sorted(p.name for p in cfg.out_dir.glob("*.png"))
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Generated by `{command}` on {datetime.date.today().isoformat()}.",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}; no GPU. Greedy decoding, {cfg.max_new_tokens} new tokens at most, "
+        f"first {cfg.limit} questions of each set, seed {cfg.seed}.",
+        "",
+        "`ratio` is measured in the decoder's tokens (context tokens in / out). `d_f1_vs_none` is paired on the "
+        "same questions, with a bootstrap 95% interval; differences whose interval spans 0 are noise.",
+        "",
+        notes,
+        "",
+        markdown_table(rows),
+        "",
+    ]
+    lines += [f"![{p}]({cfg.out_dir.as_posix()}/{p})" for p in plots]
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,41 @@
+"""The ``xrag`` family: one soft row per document through a trained bridge (see :mod:`.model`).
+
+Registered as ``xrag`` only when a trained bridge ships at ``compressor/artifacts/xrag-minilm-smollm2/``:
+untrained weights are never offered as a compressor. Without it, ``ragpress eval --method xrag --artifact
+DIR`` (or :func:`load_xrag`) still loads a bridge you trained, or an untrained control made with
+``ragpress train xrag --stage1-steps 0 --stage2-steps 0``.
+
+Importing this package does not import torch: the torch-backed names load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ..base import TokenCounter
+from ..registry import register_compressor
+from .config import SHIPPED_ARTIFACT, XRAGConfig, XRAGTrainConfig
+
+__all__ = ["Bridge", "DocumentIndex", "SHIPPED_ARTIFACT", "XRAGCompressor", "XRAGConfig", "XRAGTrainConfig",
+           "cached_index", "load_xrag", "text_key"]
+
+_LAZY = {"Bridge": ".projector", "DocumentIndex": ".index", "cached_index": ".index", "text_key": ".index",
+         "XRAGCompressor": ".model", "load_xrag": ".model"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _make(counter: TokenCounter, artifact: str | None = None, **options: Any) -> Any:
+    from .model import load_xrag
+
+    return load_xrag(counter, artifact, **options)
+
+
+if SHIPPED_ARTIFACT.is_dir():
+    register_compressor("xrag", _make, kind="soft",
+                        description="xRAG bridge: one soft row per passage from its MiniLM embedding (trained)")

@@ -1,0 +1,66 @@
+"""The xRAG bridge: one retriever embedding -> one row in the decoder's input-embedding space.
+
+Paper: Cheng et al. 2024, "xRAG: Extreme Context Compression for Retrieval-augmented Generation with One
+Token". Their projector is a two-layer MLP with GELU (``mlp2x_gelu``); here ``[n, embedder_dim]`` (unit-norm
+MiniLM vectors, 384-d) -> ``[n, decoder_hidden]`` (576 for SmolLM2-135M).
+
+Initialisation matters because the decoder only ever saw rows of its own embedding table: a freshly
+initialised bridge is rescaled (:meth:`Bridge.calibrate_`) so that the mean norm of its outputs equals the
+mean norm of the decoder's input-embedding rows (taken through the embedding module, so a scaled table
+such as Gemma's ``sqrt(hidden)`` is matched in its scaled form).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["Bridge", "BRIDGE_KEYS", "embedding_row_norm"]
+
+BRIDGE_KEYS = frozenset({"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"})
+
+
+class Bridge(nn.Module):
+    """``Linear(in_dim, width) -> GELU -> Linear(width, out_dim)``; fp32 parameters."""
+
+    def __init__(self, in_dim: int, width: int, out_dim: int) -> None:
+        super().__init__()
+        self.in_dim, self.width, self.out_dim = int(in_dim), int(width), int(out_dim)
+        self.fc1 = nn.Linear(self.in_dim, self.width)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(self.width, self.out_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: ``[..., in_dim]`` -> ``[..., out_dim]`` (fp32)."""
+        if x.shape[-1] != self.in_dim:
+            raise ValueError(f"bridge input has width {x.shape[-1]}, expected {self.in_dim} (the embedder's dim)")
+        return self.fc2(self.act(self.fc1(x.float())))
+
+    @torch.no_grad()
+    def calibrate_(self, inputs: torch.Tensor, target_norm: float) -> float:
+        """Scale ``fc2`` so that the mean L2 norm of ``self(inputs)`` is ``target_norm``; return the factor.
+
+        ``inputs``: ``[n, in_dim]``, real passage embeddings where available (they sit in a narrow cone of
+        the sphere, unlike random vectors)."""
+        if target_norm <= 0:
+            raise ValueError(f"target_norm must be positive, got {target_norm}")
+        current = float(self(inputs).norm(dim=-1).mean())
+        factor = target_norm / max(current, 1e-12)
+        self.fc2.weight.mul_(factor)
+        self.fc2.bias.mul_(factor)
+        return factor
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The trainable tensors, fp32, contiguous, keyed as in :data:`BRIDGE_KEYS`."""
+        return {k: v.detach().float().contiguous().cpu() for k, v in self.state_dict().items()}
+
+
+@torch.no_grad()
+def embedding_row_norm(model: nn.Module, sample: int = 8192, seed: int = 0) -> float:
+    """Mean L2 norm of the decoder's input-embedding rows, through the embedding module (so any input
+    scaling is included), over a seeded sample of ``sample`` token ids."""
+    emb = model.get_input_embeddings()
+    vocab = int(emb.weight.shape[0])
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randperm(vocab, generator=g)[: min(sample, vocab)].to(emb.weight.device)
+    return float(emb(ids).float().norm(dim=-1).mean())

@@ -1,0 +1,287 @@
+"""The OpenAI-compatible compression proxy: settings, app factory, thin routers and the error edge.
+
+``create_app(settings)`` builds the upstream and the :class:`~serving.handler.ProxyHandler` once and keeps
+them on ``app.state``; ``serve(settings)`` runs it under uvicorn. Every error leaves as
+``{"error": {"message", "type", "param", "code"}}``: 400 bad input, 401 missing or wrong key, 404 unknown
+model or route, 413 body too large, 502 upstream unreachable, 504 timeout.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from collections.abc import Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import httpx
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from adapters.backends import DecoderBackend
+from compressor.base import Budget, TokenCounter
+from compressor.errors import BackendError, MissingExtraError, RagpressError, UnknownNameError
+from compressor.models import load_tokenizer
+
+from .handler import ProxyHandler
+from .metrics import Metrics
+from .protocol import ChatCompletionRequest, CompletionRequest, ProxyError
+from .upstream import EmbeddedUpstream, RemoteUpstream, Upstream
+
+__all__ = ["ProxySettings", "create_app", "serve", "serve_in_thread"]
+
+
+class ProxySettings(BaseModel):
+    """Everything ``ragpress serve`` takes. API keys are never logged or echoed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = Field(default="127.0.0.1", description="Interface to bind; 0.0.0.0 exposes it to the network.")
+    port: int = Field(default=8000, ge=0, le=65535)
+    method: str = Field(default="bm25", description="Default compression method (a registered text method).")
+    ratio: float | None = Field(default=None, ge=1.0, le=1000.0, description="Default ratio; None: the method's.")
+    target_tokens: int | None = Field(default=None, ge=1, description="Default document-token budget.")
+    model: str = Field(default="smollm2-135m-instruct", description="In-process decoder (named or HF folder).")
+    served_model_name: str | None = Field(default=None, description="Name clients use; default: model.")
+    upstream: str | None = Field(default=None, description="Remote OpenAI base URL (…/v1); None: in-process.")
+    upstream_api_key: str | None = Field(default=None, repr=False, description="Bearer key for the upstream.")
+    tokenizer: str | None = Field(default=None, description="Token-counting tokenizer; default: model's.")
+    api_keys: list[str] = Field(default_factory=list, repr=False, description="Accepted bearer keys; empty: open.")
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="Larger bodies get 413.")
+    timeout_s: float = Field(default=120.0, gt=0, description="Upstream / generation timeout (504 after).")
+    default_max_tokens: int = Field(default=256, ge=1, le=4096, description="In-process max_tokens default.")
+
+    @field_validator("upstream")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError(f"upstream {v!r} must be an http:// or https:// URL such as http://127.0.0.1:8001/v1")
+        return v
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys(cls, v: list[str]) -> list[str]:
+        if any(not k.strip() for k in v):
+            raise ValueError("an API key is blank; give non-empty keys")
+        return v
+
+    def budget(self) -> Budget:
+        return Budget(ratio=self.ratio, target_tokens=self.target_tokens)
+
+
+def _error(e: ProxyError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+
+def _as_proxy_error(e: Exception) -> ProxyError:
+    if isinstance(e, ProxyError):
+        return e
+    if isinstance(e, UnknownNameError):
+        return ProxyError(400, str(e), param="compression.method", code="unknown_method")
+    if isinstance(e, BackendError):
+        return ProxyError(502, str(e), "upstream_error", code="upstream_error")
+    if isinstance(e, MissingExtraError):
+        return ProxyError(500, str(e), "server_error", code="missing_extra")
+    if isinstance(e, RagpressError):  # InputError, ConfigError: the request asked for something unusable
+        return ProxyError(400, str(e))
+    return ProxyError(500, f"internal error: {type(e).__name__}", "server_error", code="internal_error")
+
+
+class _Metered:
+    """ASGI middleware: counts every HTTP request by path and status, timed to its last byte."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0, status = time.perf_counter(), [500]
+
+        async def send_(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_)
+        finally:
+            self.metrics.record_request(scope["path"], status[0], time.perf_counter() - t0)
+
+
+async def _read_json(request: Request, limit: int) -> dict[str, Any]:
+    too_big = ProxyError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    buf = bytearray()
+    async for part in request.stream():
+        buf += part
+        if len(buf) > limit:
+            raise too_big
+    try:
+        data = json.loads(buf)
+    except ValueError:
+        raise ProxyError(400, "request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ProxyError(400, "request body must be a JSON object")
+    return data
+
+
+def _validate(cls: type[BaseModel], data: dict[str, Any]) -> Any:
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        errs = e.errors(include_url=False)
+        first = ".".join(str(x) for x in errs[0]["loc"]) if errs else None
+        detail = "; ".join(f"{'.'.join(str(x) for x in er['loc']) or 'body'}: {er['msg']}" for er in errs)
+        raise ProxyError(400, detail, param=first) from None
+
+
+def _respond(out: dict[str, Any] | Any) -> Response:
+    if isinstance(out, dict):
+        return JSONResponse(out)
+    return StreamingResponse(out, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _build_upstream(settings: ProxySettings, backend: DecoderBackend | None,
+                    transport: httpx.AsyncBaseTransport | None) -> tuple[Upstream, Any]:
+    if settings.upstream is None:
+        up = (EmbeddedUpstream(backend, settings.served_model_name or settings.model, timeout_s=settings.timeout_s,
+                               default_max_tokens=settings.default_max_tokens) if backend is not None else
+              EmbeddedUpstream.load(settings.model, served_name=settings.served_model_name,
+                                    timeout_s=settings.timeout_s, default_max_tokens=settings.default_max_tokens))
+        tok = load_tokenizer(settings.tokenizer) if settings.tokenizer else up.backend.tokenizer
+        return up, tok
+    up = RemoteUpstream(settings.upstream, api_key=settings.upstream_api_key, timeout_s=settings.timeout_s,
+                        transport=transport)
+    tok = backend.tokenizer if backend is not None and not settings.tokenizer else load_tokenizer(
+        settings.tokenizer or settings.model)
+    return up, tok
+
+
+def create_app(settings: ProxySettings | None = None, *, backend: DecoderBackend | None = None,
+               transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
+    """The proxy app. ``backend``: reuse an already loaded decoder (embedded upstream; with a remote one, only
+    its tokenizer counts tokens). ``transport``: an httpx transport for the remote upstream (tests)."""
+    settings = settings or ProxySettings()
+    upstream, tokenizer = _build_upstream(settings, backend, transport)
+    metrics = Metrics()
+    handler = ProxyHandler(upstream, TokenCounter.from_tokenizer(tokenizer), method=settings.method,
+                           budget=settings.budget(), metrics=metrics)
+    keys = [k.encode() for k in settings.api_keys]
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):  # noqa: ANN202
+        yield
+        await upstream.aclose()
+
+    app = FastAPI(title="ragpress proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.settings, app.state.handler = settings, handler
+
+    def check_key(request: Request) -> None:
+        if not keys:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not given:
+            raise ProxyError(401, "no API key given; send it as 'Authorization: Bearer <key>' (the openai "
+                             "client's api_key)", code="missing_api_key")
+        ok = False
+        for k in keys:  # compare against every key: the time taken does not say which one nearly matched
+            ok |= hmac.compare_digest(given.strip().encode(), k)
+        if not ok:
+            raise ProxyError(401, "the API key is not valid for this proxy", code="invalid_api_key")
+
+    @app.exception_handler(ProxyError)
+    async def _proxy_error(request: Request, e: ProxyError) -> JSONResponse:
+        return _error(e)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
+        return _error(ProxyError(e.status_code, f"{request.method} {request.url.path}: {e.detail}", code=code))
+
+    @app.exception_handler(Exception)
+    async def _any_error(request: Request, e: Exception) -> JSONResponse:
+        return _error(_as_proxy_error(e))
+
+    secured = [Depends(check_key)]
+
+    @app.post("/v1/chat/completions", dependencies=secured)
+    async def chat_completions(request: Request) -> Response:
+        req = _validate(ChatCompletionRequest, await _read_json(request, settings.max_body_bytes))
+        return _respond(await _call(handler.chat, req))
+
+    @app.post("/v1/completions", dependencies=secured)
+    async def completions(request: Request) -> Response:
+        req = _validate(CompletionRequest, await _read_json(request, settings.max_body_bytes))
+        return _respond(await _call(handler.completion, req))
+
+    @app.get("/v1/models", dependencies=secured)
+    async def models() -> Response:
+        return JSONResponse(await _call(handler.models))
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "upstream": upstream.name, "method": settings.method,
+                "methods": handler.text_methods()}
+
+    @app.get("/metrics", dependencies=secured)
+    async def metrics_() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    app.add_middleware(_Metered, metrics=metrics)
+    return app
+
+
+async def _call(fn: Any, *args: Any) -> Any:
+    """Run a handler step, turning domain errors into OpenAI-shaped ones at this edge."""
+    try:
+        return await fn(*args)
+    except ProxyError:
+        raise
+    except RagpressError as e:
+        raise _as_proxy_error(e) from None
+
+
+def serve(settings: ProxySettings) -> None:
+    """Build the app (loading the decoder) and run it under uvicorn until interrupted."""
+    import uvicorn
+
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+
+
+@contextmanager
+def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", start_timeout_s: float = 20.0) -> Iterator[str]:
+    """Run ``app`` under uvicorn in a daemon thread on a free port (tests, notebooks); yield its base URL."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    sock = socket.socket()
+    # Without TCP_NODELAY each response waits on Nagle + delayed ACK (~40 ms); uvicorn sets it on sockets it
+    # binds itself (`ragpress serve`), not on one handed to it.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the proxy did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()

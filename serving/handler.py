@@ -1,0 +1,165 @@
+"""The proxy's serving handler, built once at start-up and kept on ``app.state``.
+
+request -> find documents (body and marked) -> compress them against the question -> put the kept text back
+-> upstream -> response with a ``compression`` block beside ``usage``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+
+from compressor.base import Budget, CompressedContext, Compressor, TokenCounter
+from compressor.errors import InputError
+from compressor.registry import available_compressors, get_compressor, get_spec
+
+from .documents import ExtractedDocs, extract_chat, extract_prompt, render_chat, render_prompt
+from .metrics import Metrics
+from .protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    CompressionInfo,
+    CompressionOptions,
+    ProxyError,
+)
+from .upstream import Kind, Upstream
+
+__all__ = ["ProxyHandler", "sse"]
+
+
+def sse(event: dict[str, Any] | str) -> bytes:
+    """One server-sent event in OpenAI's framing."""
+    data = event if isinstance(event, str) else json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+    return f"data: {data}\n\n".encode()
+
+
+class ProxyHandler:
+    """Compresses request documents with registered text methods and forwards to one upstream.
+
+    ``method`` and ``budget`` are the server's defaults; a request's ``compression`` block overrides them.
+    Compressors are built once per method name and reused; the default one is built here, so a bad default
+    fails at start-up, not on the first request.
+    """
+
+    def __init__(self, upstream: Upstream, counter: TokenCounter, method: str = "bm25",
+                 budget: Budget | None = None, metrics: Metrics | None = None) -> None:
+        self.upstream = upstream
+        self.counter = counter
+        self.method = method
+        self.budget = budget or Budget()
+        self.metrics = metrics or Metrics()
+        self._compressors: dict[str, Compressor] = {}
+        self._build_lock = threading.Lock()
+        self._compress_lock = threading.Lock()
+        self.compressor(method)
+
+    # -- compression -----------------------------------------------------------------------------------
+    def text_methods(self) -> list[str]:
+        return [n for n, s in available_compressors().items() if s.kind == "text"]
+
+    def compressor(self, name: str) -> Compressor:
+        """The compressor for a registered text method (built on first use)."""
+        spec = get_spec(name)  # UnknownNameError lists the registered names
+        if spec.kind != "text":
+            raise ProxyError(400, f"method {name!r} produces soft prompts, which a chat API cannot carry as text: "
+                             "it needs a vLLM upstream with prompt embeddings or the in-process decoder with "
+                             f"embeddings, which this proxy does not serve yet. Text methods: "
+                             f"{', '.join(self.text_methods())}", param="compression.method", code="unsupported_method")
+        with self._build_lock:
+            if name not in self._compressors:
+                self._compressors[name] = get_compressor(name, counter=self.counter)
+            return self._compressors[name]
+
+    def _budget(self, opts: CompressionOptions | None) -> Budget:
+        if opts is None or (opts.ratio is None and opts.target_tokens is None):
+            return self.budget
+        return Budget(ratio=opts.ratio, target_tokens=opts.target_tokens, threshold=self.budget.threshold)
+
+    async def _compress(self, docs: ExtractedDocs,
+                        opts: CompressionOptions | None) -> tuple[CompressedContext | None, CompressionInfo]:
+        """Compress every document of a request in one call; None when compression is off or there are none."""
+        method = (opts.method if opts and opts.method else None) or self.method
+        enabled = opts.enabled if opts else True
+        comp = self.compressor(method) if enabled else None  # a bad name is a 400 even without documents
+        if not len(docs) or comp is None:
+            n = sum(self.counter.count(p.text) for p in docs.passages)
+            return None, CompressionInfo(method=method if enabled else "off", enabled=enabled, documents=len(docs),
+                                         tokens_before=n, tokens_after=n, ratio=1.0 if n else None,
+                                         compression_ms=0.0)
+        budget = self._budget(opts)
+
+        def run() -> CompressedContext:
+            with self._compress_lock:  # compressors hold models and caches; one call at a time
+                return comp.compress(docs.query, docs.passages, budget)
+
+        t0 = time.perf_counter()
+        ctx = await anyio.to_thread.run_sync(run)
+        ms = (time.perf_counter() - t0) * 1000
+        return ctx, CompressionInfo(method=ctx.method, enabled=True, documents=len(docs), tokens_before=ctx.tokens_in,
+                                    tokens_after=ctx.tokens_out, ratio=ctx.ratio, compression_ms=round(ms, 3))
+
+    # -- endpoints -------------------------------------------------------------------------------------
+    async def chat(self, req: ChatCompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
+        messages = [m.model_dump(exclude_unset=True) for m in req.messages]
+        docs = extract_chat(messages, req.documents)
+        ctx, info = await self._compress(docs, req.compression)
+        if len(docs):
+            messages = render_chat(messages, docs, ctx)
+        return await self._forward("chat", req, messages, info)
+
+    async def completion(self, req: CompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
+        prompts, infos = [], []
+        for i, prompt in enumerate(req.prompts):
+            docs = extract_prompt(prompt, i, req.documents)
+            ctx, info = await self._compress(docs, req.compression)
+            prompts.append(render_prompt(prompt, docs, ctx) if len(docs) else prompt)
+            infos.append(info)
+        if not infos:
+            raise InputError("prompt is an empty list; give at least one prompt")
+        return await self._forward("completion", req, prompts, _merge(infos))
+
+    async def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": await self.upstream.models()}
+
+    async def _forward(self, kind: Kind, req: ChatCompletionRequest | CompletionRequest, payload: list[Any],
+                       info: CompressionInfo) -> dict[str, Any] | AsyncIterator[bytes]:
+        self.metrics.record_compression(info)
+        block = info.model_dump()
+        if not req.stream:
+            return {**await self.upstream.complete(kind, req, payload), "compression": block}
+        chunks = await self.upstream.stream(kind, req, payload)  # errors here still get an HTTP status
+        return _sse_stream(chunks, block)
+
+
+def _merge(infos: list[CompressionInfo]) -> CompressionInfo:
+    """One block for a completion request with several prompts."""
+    if len(infos) == 1:
+        return infos[0]
+    before, after = sum(i.tokens_before for i in infos), sum(i.tokens_after for i in infos)
+    return CompressionInfo(method=infos[0].method, enabled=infos[0].enabled, documents=sum(i.documents for i in infos),
+                           tokens_before=before, tokens_after=after, ratio=before / after if after else None,
+                           compression_ms=sum(i.compression_ms for i in infos))
+
+
+async def _sse_stream(chunks: AsyncIterator[dict[str, Any]], block: dict[str, Any]) -> AsyncIterator[bytes]:
+    """OpenAI's framing: ``data: {chunk}`` events, the compression block on the first, then ``data: [DONE]``.
+    An error after the first byte can no longer change the status: it is sent as an error event."""
+    first = True
+    try:
+        async for c in chunks:
+            yield sse({**c, "compression": block} if first else c)
+            first = False
+    except ProxyError as e:
+        yield sse(e.body())
+    except Exception as e:  # noqa: BLE001 - the stream has started; report instead of cutting it off
+        yield sse(ProxyError(500, f"internal error: {type(e).__name__}: {e}", "internal_error").body())
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    yield sse("[DONE]")

@@ -1,0 +1,180 @@
+"""Wire models of the OpenAI-compatible proxy.
+
+OpenAI's own fields are lenient (``extra="allow"``): fields this proxy does not know pass through to a remote
+upstream unchanged. Our extension fields, ``documents`` and ``compression``, are strict (``extra="forbid"``):
+a typo there is a 400, not a silently ignored option. Every error leaves as :class:`ErrorResponse`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "Document",
+    "CompressionOptions",
+    "ChatMessage",
+    "StreamOptions",
+    "ChatCompletionRequest",
+    "CompletionRequest",
+    "CompressionInfo",
+    "Usage",
+    "ErrorInfo",
+    "ErrorResponse",
+    "ProxyError",
+    "EXTENSION_FIELDS",
+    "new_id",
+]
+
+EXTENSION_FIELDS = ("documents", "compression")
+
+
+class Document(BaseModel):
+    """One retrieved document given in the request body (``extra_body={"documents": [...]}``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = Field(default=None, description="Caller-side id, carried through.")
+    title: str | None = Field(default=None, description="Shown before the text as 'title: text'.")
+    text: str = Field(description="The document body; must not be blank.")
+
+
+class CompressionOptions(BaseModel):
+    """Per-request compression settings; unset fields take the server's defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(default=True, description="false: documents pass through uncompressed.")
+    method: str | None = Field(default=None, description="A registered text method (GET /v1/models lists them).")
+    ratio: float | None = Field(default=None, ge=1.0, le=1000.0, description="tokens in / tokens out, 1..1000.")
+    target_tokens: int | None = Field(default=None, ge=1, description="Keep at most this many document tokens.")
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> CompressionOptions:
+        if self.ratio is not None and self.target_tokens is not None:
+            raise ValueError("give compression.ratio or compression.target_tokens, not both")
+        return self
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ChatMessage(_Lenient):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class _Sampling(_Lenient):
+    """Fields both endpoints share. Unknown OpenAI fields are kept (``model_extra``) and passed on."""
+
+    model: str = Field(min_length=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    n: int = Field(default=1, ge=1, le=16)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    documents: list[str | Document] | None = Field(default=None, description="ragpress extension.")
+    compression: CompressionOptions | None = Field(default=None, description="ragpress extension.")
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, v: str | list[str] | None) -> list[str] | None:
+        if v is None:
+            return None
+        stops = [v] if isinstance(v, str) else v
+        if len(stops) > 4 or any(not s for s in stops):
+            raise ValueError("stop takes up to 4 non-empty strings")
+        return stops
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def upstream_body(self, **replace: Any) -> dict[str, Any]:
+        """The body to forward: every field the client sent, minus our extensions, with ``replace`` applied."""
+        body = self.model_dump(exclude_unset=True, exclude=set(EXTENSION_FIELDS))
+        body.update(replace)
+        return body
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str]
+    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for /v1/completions
+
+    @property
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_tokens
+
+
+class CompressionInfo(BaseModel):
+    """The ``compression`` block added beside ``usage`` in every response (and to the first stream chunk)."""
+
+    method: str
+    enabled: bool
+    documents: int = Field(description="Documents found: in the body and marked in messages.")
+    tokens_before: int = Field(description="Document tokens before compression, in the counting tokenizer.")
+    tokens_after: int
+    ratio: float | None = Field(description="tokens_before / tokens_after; null when nothing is left.")
+    compression_ms: float
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+class ProxyError(Exception):
+    """An error with its HTTP status, leaving the proxy as an :class:`ErrorResponse`."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", *,
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.info = ErrorInfo(message=message, type=type, param=param, code=code)
+
+    def body(self) -> dict[str, Any]:
+        return ErrorResponse(error=self.info).model_dump()
+
+
+def new_id(kind: Literal["chat", "completion"]) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+
+
+def now() -> int:
+    return int(time.time())

@@ -1,0 +1,346 @@
+"""Where the (compressed) request goes: the in-process decoder or a remote OpenAI-compatible server.
+
+* :class:`EmbeddedUpstream`: a :class:`~adapters.backends.DecoderBackend` in this process (default: the
+  default model). Applies the chat template, generates in a worker thread (one request at a time, the
+  model is shared), streams token by token, and stops a generation whose client left or whose deadline
+  passed.
+* :class:`RemoteUpstream`: any OpenAI-compatible server (vLLM, another proxy, OpenAI) over one reused
+  ``httpx.AsyncClient``; every field the client sent passes through. Unreachable: 502; timeout: 504;
+  the upstream's own 4xx errors are relayed with their status.
+
+Both answer with OpenAI-shaped dicts: one response, or an async iterator of stream chunks. Errors raised
+before the first chunk of a stream become HTTP statuses; later ones become an error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Literal
+
+import anyio
+import httpx
+
+from adapters.backends import DecoderBackend, Generation, GenerationParams, HFBackend
+from compressor.errors import InputError
+from compressor.prompt import Prompt
+
+from .protocol import ChatCompletionRequest, CompletionRequest, ProxyError, new_id, now
+
+__all__ = ["Upstream", "EmbeddedUpstream", "RemoteUpstream"]
+
+Kind = Literal["chat", "completion"]
+Request = ChatCompletionRequest | CompletionRequest
+
+
+class Upstream(ABC):
+    """One decoder behind the proxy. ``payload``: the rendered messages (chat) or prompts (completion)."""
+
+    name: str
+
+    @abstractmethod
+    async def complete(self, kind: Kind, req: Request, payload: list[Any]) -> dict[str, Any]:
+        """The whole response."""
+
+    @abstractmethod
+    async def stream(self, kind: Kind, req: Request, payload: list[Any]) -> AsyncIterator[dict[str, Any]]:
+        """Check the request and start; return the chunks (without the final ``[DONE]``)."""
+
+    @abstractmethod
+    async def models(self) -> list[dict[str, Any]]:
+        """The ``data`` list of ``GET /v1/models``."""
+
+    async def aclose(self) -> None:
+        return None
+
+
+class _Stop(Exception):
+    """Raised inside the decode loop to end a generation early."""
+
+
+class EmbeddedUpstream(Upstream):
+    """The in-process decoder. Fields it cannot honour (logprobs, tools, penalties) are ignored."""
+
+    def __init__(self, backend: DecoderBackend, served_name: str | None = None, *, timeout_s: float = 120.0,
+                 default_max_tokens: int = 256) -> None:
+        self.backend = backend
+        self.served_name = served_name or backend.model_name
+        self.name = "embedded"
+        self.timeout_s = timeout_s
+        self.default_max_tokens = default_max_tokens
+        self.created = now()
+        self._lock = threading.Lock()
+        cfg = getattr(getattr(backend, "model", None), "config", None)
+        self.max_context = getattr(cfg.get_text_config(), "max_position_embeddings", None) if cfg else None
+
+    @classmethod
+    def load(cls, model: str, **kwargs: Any) -> EmbeddedUpstream:
+        return cls(HFBackend.load(model), served_name=kwargs.pop("served_name", None) or model, **kwargs)
+
+    async def models(self) -> list[dict[str, Any]]:
+        return [{"id": self.served_name, "object": "model", "created": self.created, "owned_by": "ragpress"}]
+
+    # -- request -> prompts ----------------------------------------------------------------------------
+    def _check_model(self, model: str) -> None:
+        if model != self.served_name:
+            raise ProxyError(404, f"The model {model!r} does not exist; this proxy serves {self.served_name!r}",
+                             param="model", code="model_not_found")
+
+    def _chat_prompt(self, messages: list[dict[str, Any]]) -> Prompt:
+        tok = self.backend.tokenizer
+        if not getattr(tok, "chat_template", None):
+            raise InputError(f"{self.served_name!r} has no chat template; use /v1/completions")
+        plain = []
+        for i, m in enumerate(messages):
+            content = m.get("content")
+            if isinstance(content, list):
+                other = [p.get("type") for p in content if p.get("type") != "text"]
+                if other:
+                    raise InputError(f"messages[{i}] has a {other[0]!r} part; the in-process decoder takes text only")
+                content = "".join(p.get("text", "") for p in content)
+            plain.append({"role": m["role"], "content": content or ""})
+        text = tok.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+        return Prompt(segments=[list(tok(text, add_special_tokens=False)["input_ids"])])
+
+    def _text_prompt(self, prompt: str) -> Prompt:
+        if not prompt:
+            raise InputError("prompt is empty")
+        return Prompt(segments=[list(self.backend.tokenizer(prompt)["input_ids"])])
+
+    def _jobs(self, kind: Kind, req: Request, payload: list[Any]) -> list[tuple[int, Prompt, GenerationParams]]:
+        """(prompt index, prompt, params) per choice, in choice order."""
+        self._check_model(req.model)
+        prompts = [self._chat_prompt(payload)] if kind == "chat" else [self._text_prompt(p) for p in payload]
+        max_new = req.max_new_tokens or self.default_max_tokens
+        for p in prompts:
+            if self.max_context and len(p) + max_new > self.max_context:
+                raise ProxyError(400, f"This model's maximum context length is {self.max_context} tokens; the "
+                                 f"prompt has {len(p)} and max_tokens asks for {max_new}. Shorten the prompt, "
+                                 "compress harder or lower max_tokens.", param="messages",
+                                 code="context_length_exceeded")
+        jobs = []
+        for pi, p in enumerate(prompts):
+            for c in range(req.n):
+                try:
+                    params = GenerationParams(
+                        max_new_tokens=max_new, temperature=1.0 if req.temperature is None else req.temperature,
+                        top_p=1.0 if req.top_p is None else req.top_p,
+                        seed=None if req.seed is None else req.seed + c, stop=req.stop)
+                except ValueError as e:
+                    raise InputError(f"sampling parameters are invalid: {e}") from None
+                jobs.append((pi, p, params))
+        return jobs
+
+    def _run(self, prompt: Prompt, params: GenerationParams, deadline: float,
+             on_delta: Callable[[str], None] | None, cancelled: threading.Event) -> Generation:
+        def check(delta: str) -> None:
+            if cancelled.is_set() or time.monotonic() > deadline:
+                raise _Stop()
+            if on_delta is not None and delta:
+                on_delta(delta)
+
+        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise _Stop()
+        try:
+            return self.backend.stream(prompt, params, on_delta=check)
+        finally:
+            self._lock.release()
+
+    def _timeout(self) -> ProxyError:
+        return ProxyError(504, f"generation did not finish within {self.timeout_s:g} s", "timeout_error",
+                          code="timeout")
+
+    # -- responses -------------------------------------------------------------------------------------
+    async def complete(self, kind: Kind, req: Request, payload: list[Any]) -> dict[str, Any]:
+        jobs = self._jobs(kind, req, payload)
+        deadline = time.monotonic() + self.timeout_s
+        never = threading.Event()
+
+        def run_all() -> list[Generation]:
+            return [self._run(p, params, deadline, None, never) for _, p, params in jobs]
+
+        try:
+            gens = await anyio.to_thread.run_sync(run_all)
+        except _Stop:
+            raise self._timeout() from None
+        rid, created = new_id(kind), now()
+        if kind == "chat":
+            choices = [{"index": i, "message": {"role": "assistant", "content": g.text}, "logprobs": None,
+                        "finish_reason": g.finish_reason} for i, g in enumerate(gens)]
+        else:
+            choices = [{"index": i, "text": g.text, "logprobs": None, "finish_reason": g.finish_reason}
+                       for i, g in enumerate(gens)]
+        prompt_tokens = sum(len(p) for p in {id(p): p for _, p, _ in jobs}.values())
+        return {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion", "created": created,
+                "model": self.served_name, "system_fingerprint": None, "choices": choices,
+                "usage": _usage(prompt_tokens, sum(len(g.token_ids) for g in gens))}
+
+    async def stream(self, kind: Kind, req: Request, payload: list[Any]) -> AsyncIterator[dict[str, Any]]:
+        jobs = self._jobs(kind, req, payload)
+        return self._chunks(kind, req, jobs)
+
+    async def _chunks(self, kind: Kind, req: Request,
+                      jobs: list[tuple[int, Prompt, GenerationParams]]) -> AsyncIterator[dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[str, int, Any]] = asyncio.Queue()
+        cancelled = threading.Event()
+        deadline = time.monotonic() + self.timeout_s
+
+        def put(item: tuple[str, int, Any]) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the event loop is gone (server shutting down)
+                cancelled.set()
+
+        def worker() -> None:
+            try:
+                for ci, (_, p, params) in enumerate(jobs):
+                    g = self._run(p, params, deadline, lambda d, ci=ci: put(("delta", ci, d)), cancelled)
+                    put(("done", ci, g))
+            except BaseException as e:  # noqa: B036 - handed to the event loop, re-raised there
+                put(("error", -1, e))
+            finally:
+                put(("end", -1, None))
+
+        rid, created, obj = new_id(kind), now(), "chat.completion.chunk" if kind == "chat" else "text_completion"
+        usage = req.include_usage
+
+        def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
+            c = {"id": rid, "object": obj, "created": created, "model": self.served_name,
+                 "system_fingerprint": None, "choices": choices}
+            if usage:
+                c["usage"] = None
+            return c
+
+        def choice(ci: int, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+            if kind == "chat":
+                delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else (
+                    {"content": text} if text is not None else {})
+                return {"index": ci, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {"index": ci, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+        loop.run_in_executor(None, worker)  # never raises: worker hands its errors to the queue
+        try:
+            if kind == "chat":
+                yield chunk([choice(ci, None, None, role=True) for ci in range(len(jobs))])
+            completion_tokens = 0
+            while True:
+                what, ci, x = await queue.get()
+                if what == "delta":
+                    yield chunk([choice(ci, x, None)])
+                elif what == "done":
+                    completion_tokens += len(x.token_ids)
+                    yield chunk([choice(ci, None, x.finish_reason)])
+                elif what == "error":
+                    raise self._timeout() if isinstance(x, _Stop) else x
+                else:
+                    break
+            if usage:
+                prompt_tokens = sum(len(p) for p in {id(p): p for _, p, _ in jobs}.values())
+                yield {**chunk([]), "usage": _usage(prompt_tokens, completion_tokens)}
+        finally:
+            cancelled.set()  # the client left or the stream ended: stop the decode loop at its next token
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+class RemoteUpstream(Upstream):
+    """An OpenAI-compatible server at ``base_url`` (its ``/v1`` URL, as an openai client would take)."""
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout_s: float = 120.0,
+                 connect_timeout_s: float = 5.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.name = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.AsyncClient(
+            base_url=self.name + "/", headers=headers, transport=transport,
+            timeout=httpx.Timeout(timeout_s, connect=min(connect_timeout_s, timeout_s)),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+        )
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    @staticmethod
+    def _body(kind: Kind, req: Request, payload: list[Any]) -> dict[str, Any]:
+        if kind == "chat":
+            return req.upstream_body(messages=payload)
+        return req.upstream_body(prompt=payload[0] if isinstance(req.prompt, str) else payload)
+
+    def _transport_error(self, e: httpx.HTTPError) -> ProxyError:
+        if isinstance(e, httpx.TimeoutException):
+            return ProxyError(504, f"the upstream at {self.name} did not answer in time ({type(e).__name__})",
+                              "timeout_error", code="upstream_timeout")
+        return ProxyError(502, f"the upstream at {self.name} is unreachable: {type(e).__name__}: {e}",
+                          "upstream_error", code="upstream_unavailable")
+
+    async def _raise_for_status(self, r: httpx.Response) -> None:
+        if r.status_code < 400:
+            return
+        text = (await r.aread()).decode(errors="replace")
+        try:
+            err = json.loads(text)["error"]
+            message = err.get("message") if isinstance(err, dict) else str(err)
+        except (ValueError, KeyError, TypeError):
+            err, message = None, text[:300]
+        if r.status_code < 500 and isinstance(err, dict):  # the client's problem: relay status and body
+            raise ProxyError(r.status_code, f"upstream: {message}", err.get("type") or "invalid_request_error",
+                             param=err.get("param"), code=err.get("code"))
+        raise ProxyError(502, f"the upstream at {self.name} answered {r.status_code}: {message}",
+                         "upstream_error", code="upstream_error")
+
+    async def _send(self, method: str, path: str, body: dict[str, Any] | None, stream: bool) -> httpx.Response:
+        try:
+            request = self.client.build_request(method, path, json=body)
+            r = await self.client.send(request, stream=stream)
+        except httpx.HTTPError as e:
+            raise self._transport_error(e) from None
+        try:
+            await self._raise_for_status(r)
+        except BaseException:
+            await r.aclose()
+            raise
+        return r
+
+    async def complete(self, kind: Kind, req: Request, payload: list[Any]) -> dict[str, Any]:
+        path = "chat/completions" if kind == "chat" else "completions"
+        r = await self._send("POST", path, self._body(kind, req, payload) | {"stream": False}, stream=False)
+        try:
+            return r.json()
+        except ValueError:
+            raise ProxyError(502, f"the upstream at {self.name} sent a body that is not JSON", "upstream_error",
+                             code="upstream_error") from None
+
+    async def stream(self, kind: Kind, req: Request, payload: list[Any]) -> AsyncIterator[dict[str, Any]]:
+        path = "chat/completions" if kind == "chat" else "completions"
+        r = await self._send("POST", path, self._body(kind, req, payload), stream=True)
+        return self._events(r)
+
+    async def _events(self, r: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+        try:
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                event = json.loads(data)
+                if "error" in event:
+                    err = event["error"] if isinstance(event["error"], dict) else {"message": str(event["error"])}
+                    raise ProxyError(502, f"upstream: {err.get('message')}", err.get("type") or "upstream_error",
+                                     code=err.get("code"))
+                yield event
+        except httpx.HTTPError as e:
+            raise self._transport_error(e) from None
+        finally:
+            await r.aclose()
+
+    async def models(self) -> list[dict[str, Any]]:
+        r = await self._send("GET", "models", None, stream=False)
+        return list(r.json().get("data", []))

@@ -1,0 +1,276 @@
+"""xRAG: bridge, document index, soft-row splicing, artifacts, training. Tiny Llama decoder (hidden 32, from
+config, fixed seed) and the real MiniLM embedder."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import REPO, make_tiny_llama
+
+from adapters.backends import GenerationParams
+from compressor import (
+    ArtifactError,
+    BaseModelMismatchError,
+    Budget,
+    ConfigError,
+    InputError,
+    Passage,
+    PromptBuilder,
+    available_compressors,
+)
+from compressor.prompt import embed_prompt
+from compressor.xrag import (
+    SHIPPED_ARTIFACT,
+    DocumentIndex,
+    XRAGCompressor,
+    XRAGConfig,
+    XRAGTrainConfig,
+    load_xrag,
+)
+from compressor.xrag.index import cached_index
+from compressor.xrag.projector import Bridge, embedding_row_norm
+from compressor.xrag.train import QARecord, train_xrag
+from serving.cli import main
+
+PASSAGES = [
+    Passage(text="Paris is the capital and most populous city of France.", title="Paris"),
+    Passage(text="The mitochondrion is the powerhouse of the cell, producing ATP.", title="Mitochondrion"),
+    Passage(text="Mount Everest is Earth's highest mountain above sea level.", title="Everest"),
+]
+HIDDEN = 32  # tiny Llama's hidden size
+
+
+@pytest.fixture(scope="module")
+def index():
+    return DocumentIndex.build(PASSAGES + [PASSAGES[0]])  # the duplicate is stored once
+
+
+def _comp(counter, tiny_model_dir, index=None, seed=0):
+    torch.manual_seed(seed)
+    return XRAGCompressor(counter, XRAGConfig(decoder=str(tiny_model_dir), bridge_width=24), Bridge(384, 24, HIDDEN),
+                          index=index)
+
+
+def test_config_validates_and_imports_no_torch():
+    with pytest.raises(ValueError, match="bridge_width"):
+        XRAGConfig(bridge_width=0)
+    with pytest.raises(ValueError, match="precision"):
+        XRAGTrainConfig(precision="fp16")
+    code = "import sys, compressor, compressor.xrag, compressor.xrag.config; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_registered_only_with_a_shipped_bridge():
+    assert ("xrag" in available_compressors()) == SHIPPED_ARTIFACT.is_dir()
+
+
+def test_bridge_shapes_and_norm_calibration(tiny_model):
+    torch.manual_seed(0)
+    b = Bridge(384, 48, HIDDEN)
+    x = torch.nn.functional.normalize(torch.randn(10, 384), dim=-1)
+    assert b(x).shape == (10, HIDDEN) and b(x[0]).shape == (HIDDEN,)
+    target = embedding_row_norm(tiny_model)
+    b.calibrate_(x, target)
+    with torch.no_grad():
+        assert float(b(x).norm(dim=-1).mean()) == pytest.approx(target, rel=1e-4)
+    with pytest.raises(ValueError, match="expected 384"):
+        b(torch.randn(2, 100))
+    assert set(b.tensors()) == {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
+
+
+def test_index_round_trip_and_retrieval_order(index, tmp_path):
+    assert len(index) == 3 and index.dim == 384
+    assert torch.allclose(index.vectors.norm(dim=-1), torch.ones(3), atol=1e-5)
+    top = index.retrieve(["What is the capital of France?", "highest mountain on Earth"], k=3)
+    assert top[0][0].title == "Paris" and top[1][0].title == "Everest" and len(top[0]) == 3
+    scores, rows = index.search(index.vectors[[2]], k=3)
+    assert int(rows[0, 0]) == 2 and (scores[0, :-1] >= scores[0, 1:]).all()
+    path = index.save(tmp_path / "idx")
+    again = DocumentIndex.load(path)
+    assert torch.equal(again.vectors, index.vectors) and again.passages == index.passages
+    assert again.embedder == index.embedder and again.keys == index.keys
+    vecs, hits = again.lookup([PASSAGES[1].text, "not indexed"])
+    assert hits == [True, False] and torch.equal(vecs[0], index.vectors[1]) and not vecs[1].any()
+    lines = (path / "passages.jsonl").read_text().splitlines()
+    (path / "passages.jsonl").write_text("\n".join([lines[0].replace("Paris", "Lyon")] + lines[1:]) + "\n")
+    with pytest.raises(ArtifactError, match="sha256"):
+        DocumentIndex.load(path)
+
+
+def test_cached_index_and_user_vectors(index, tmp_path):
+    a, folder, built = cached_index("t", PASSAGES, root=tmp_path)
+    b, folder2, built2 = cached_index("t", PASSAGES, root=tmp_path)
+    assert built and not built2 and folder == folder2 and torch.equal(a.vectors, b.vectors)
+    assert cached_index("t", PASSAGES[:2], root=tmp_path)[1] != folder  # another corpus, another index
+    user = DocumentIndex.from_vectors(PASSAGES, index.vectors * 3.0)  # normalised on the way in
+    assert torch.allclose(user.vectors, index.vectors, atol=1e-6)
+    with pytest.raises(InputError, match="all-zero"):
+        DocumentIndex.from_vectors(PASSAGES, torch.zeros(3, 384))
+    with pytest.raises(InputError, match="one row a passage"):
+        DocumentIndex.from_vectors(PASSAGES, torch.ones(2, 384))
+
+
+def test_one_row_per_passage_from_stored_vectors(counter, tiny_model_dir, index):
+    comp = _comp(counter, tiny_model_dir, index)
+    ctx = comp.compress("capital of France?", [PASSAGES[2], PASSAGES[0]])
+    assert ctx.kind == "soft" and ctx.tokens_out == 2 and ctx.ratio == ctx.tokens_in / 2
+    assert [p.title for p in ctx.passages] == ["Everest", "Paris"]
+    assert all(p.embeds.shape == (1, HIDDEN) and p.tokens_out == 1 for p in ctx.passages)
+    want = comp.rows(index.vectors[[2, 0]])
+    assert torch.equal(torch.cat([p.embeds for p in ctx.passages]), want)
+    assert (comp.index_hits, comp.encoded_on_the_fly) == (2, 0)
+    comp.compress("q?", ["A passage that is not in the index."])
+    assert (comp.index_hits, comp.encoded_on_the_fly) == (2, 1)
+    with pytest.raises(InputError, match="one row per passage"):
+        comp.compress("q?", PASSAGES, Budget(target_tokens=2))
+
+
+def test_index_from_another_embedder_refused(counter, tiny_model_dir, index):
+    comp = _comp(counter, tiny_model_dir)
+    comp.manifest = {"embedder": {"id": "minilm-l6", "sha256": index.embedder["sha256"]}}
+    comp.attach_index(index)
+    other = DocumentIndex(index.passages, index.vectors, {"id": "other", "sha256": "0" * 64})
+    with pytest.raises(BaseModelMismatchError, match="rebuild the index"):
+        comp.attach_index(other)
+
+
+def test_rows_spliced_at_placeholders(counter, tiny_model_dir, index, tiny_model, smol_tokenizer):
+    ctx = _comp(counter, tiny_model_dir, index).compress("Which is highest?", PASSAGES)
+    prompt = PromptBuilder(smol_tokenizer).build(ctx)
+    kinds = ["soft" if isinstance(s, torch.Tensor) else "ids" for s in prompt.segments]
+    assert kinds == ["ids", "soft", "ids", "soft", "ids", "soft", "ids"]
+    pos, where = 0, []
+    for i, seg in enumerate(prompt.segments):
+        if isinstance(seg, list):
+            if i + 1 < len(prompt.segments):
+                n = len(where) + 1
+                assert smol_tokenizer.decode(seg).endswith(f"[{n}] {PASSAGES[n - 1].title}: ")
+            pos += len(seg)
+        else:
+            where.append(pos)
+            pos += 1
+    e = embed_prompt(tiny_model, prompt)
+    assert e.shape == (len(prompt), HIDDEN)
+    for k, p in enumerate(where):
+        assert torch.equal(e[p], ctx.passages[k].embeds[0])
+
+
+def test_soft_batch_generation_equals_single(counter, tiny_model_dir, index, tiny_backend):
+    comp = _comp(counter, tiny_model_dir, index)
+    b = tiny_backend.prompt_builder()
+    prompts = [b.build(comp.compress("Which city is the capital?", PASSAGES)),
+               b.build(comp.compress("What makes ATP?", [PASSAGES[1]]))]
+    params = GenerationParams(max_new_tokens=6, stop=[])
+    batch = tiny_backend.generate(prompts, params)
+    single = [tiny_backend.generate([p], params)[0] for p in prompts]
+    assert [g.token_ids for g in batch] == [g.token_ids for g in single]
+    assert batch[0].prompt_tokens == len(prompts[0])
+
+
+def test_artifact_round_trip_and_mismatch_refusal(counter, tiny_model_dir, index, tmp_path, smol_tokenizer):
+    comp = _comp(counter, tiny_model_dir, index)
+    path = comp.save_pretrained(tmp_path / "art", trained=True, training={"data": "unit test"})
+    cfg = json.loads((path / "compressor_config.json").read_text())
+    assert cfg["type"] == "xrag" and cfg["trained"] is True and cfg["bridge"]["out_dim"] == HIDDEN
+    assert cfg["embedder"]["id"] == "minilm-l6" and len(cfg["embedder"]["sha256"]) == 64
+    assert len(cfg["decoder"]["sha256"]) == 64 and cfg["decoder"]["hidden_size"] == HIDDEN
+    again = XRAGCompressor.from_pretrained(path, counter, decoder=str(tiny_model_dir), index=index)
+    a, b = comp.compress("q?", PASSAGES), again.compress("q?", PASSAGES)
+    assert all(torch.equal(x.embeds, y.embeds) for x, y in zip(a.passages, b.passages))
+    with pytest.raises(ConfigError, match="pass decoder=PATH"):
+        XRAGCompressor.from_pretrained(path, counter)
+    other_decoder = tmp_path / "other-decoder"
+    make_tiny_llama(len(smol_tokenizer), seed=1).save_pretrained(other_decoder)
+    with pytest.raises(BaseModelMismatchError, match="trained with decoder"):
+        XRAGCompressor.from_pretrained(path, counter, decoder=str(other_decoder))
+    from transformers import BertConfig, BertModel
+
+    other_embedder = tmp_path / "other-embedder"
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=100, hidden_size=384, num_hidden_layers=1, num_attention_heads=4,
+                         intermediate_size=64)).save_pretrained(other_embedder)
+    with pytest.raises(BaseModelMismatchError, match="trained with embedder"):
+        XRAGCompressor.from_pretrained(path, counter, decoder=str(tiny_model_dir), embedder=str(other_embedder))
+    control = comp.save_pretrained(tmp_path / "control", trained=False)
+    with pytest.raises(ArtifactError, match="untrained bridge"):
+        XRAGCompressor.from_pretrained(control, counter, decoder=str(tiny_model_dir))
+    assert not load_xrag(counter, control, decoder=str(tiny_model_dir)).trained  # explicit path: allowed
+    assert "UNTRAINED CONTROL" in (control / "README.md").read_text()
+
+
+TEXTS = [p.text for p in PASSAGES]
+QA = [QARecord("What is the capital of France?", (PASSAGES[0],), "Paris"),
+      QARecord("What produces ATP?", (PASSAGES[1], PASSAGES[2]), "the mitochondrion")]
+
+
+def _train(tiny_model_dir, work, steps=(3, 2), resume=False, **kw):
+    cfg = XRAGConfig(decoder=str(tiny_model_dir), bridge_width=16)
+    tc = XRAGTrainConfig(stage1_steps=steps[0], stage2_steps=steps[1], batch_size=2, checkpoint_every=1,
+                         precision="fp32", max_passage_tokens=12, **kw)
+    return train_xrag(TEXTS, QA, work, cfg, tc, resume=resume, progress=False, log=lambda s: None)
+
+
+def test_training_checkpoints_and_resumes_exactly(tiny_model_dir, tmp_path, monkeypatch):
+    full, report = _train(tiny_model_dir, tmp_path / "a")
+    assert report["stage1_steps_done"] == 3 and report["stage2_steps_done"] == 2
+    log = [json.loads(x) for x in (tmp_path / "a" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["stage"] for r in log] == [1, 1, 1, 2, 2] and all(r["kl"] > 0 for r in log[3:])
+    with pytest.raises(ConfigError, match="--resume"):
+        _train(tiny_model_dir, tmp_path / "a")
+
+    from compressor.xrag import train as T
+
+    real, calls = T._lr, []
+
+    def interrupt(*a):
+        calls.append(a)
+        if len(calls) == 3:  # stop during stage 1, after the step-2 checkpoint
+            raise KeyboardInterrupt
+        return real(*a)
+
+    monkeypatch.setattr(T, "_lr", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        _train(tiny_model_dir, tmp_path / "b")
+    monkeypatch.setattr(T, "_lr", real)
+    with pytest.raises(ConfigError, match="differ from the checkpoint"):
+        _train(tiny_model_dir, tmp_path / "b", resume=True, kl_weight=1.0)
+    resumed, _ = _train(tiny_model_dir, tmp_path / "b", resume=True)
+    for k, v in full.bridge.tensors().items():
+        assert torch.allclose(v, resumed.bridge.tensors()[k], atol=1e-6), k
+    assert len((tmp_path / "b" / "train_log.jsonl").read_text().splitlines()) == 5
+
+
+def test_training_reduces_the_paraphrase_loss(tiny_model_dir, tmp_path):
+    _, report = _train(tiny_model_dir, tmp_path / "w", steps=(20, 0), stage1_lr=1e-2)
+    assert report["stage1_loss_last"] < report["stage1_loss_first"]
+
+
+def test_cli_untrained_control_and_retrieval_eval(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("RAGPRESS_HOME", str(tmp_path / "home"))
+    out = tmp_path / "untrained"
+    assert main(["train", "xrag", "--out", str(out), "--work-dir", str(tmp_path / "work"), "--stage1-steps", "0",
+                 "--stage2-steps", "0", "--decoder", str(tiny_model_dir), "--bridge-width", "16",
+                 "--n-stage1", "8", "--n-nq", "2", "--n-squad", "0"]) == 0
+    assert json.loads((out / "compressor_config.json").read_text())["trained"] is False
+    nq = tmp_path / "nq.jsonl.gz"
+    with gzip.open(nq, "wt") as f:
+        for i, p in enumerate(PASSAGES):
+            f.write(json.dumps({"question": f"question {i} about {p.title}?", "answers": [p.title],
+                                "ctxs": [{"title": p.title, "text": p.text, "isgold": True}]}) + "\n")
+    summary = tmp_path / "eval.json"
+    assert main(["eval", "--dataset", "nq", "--path", str(nq), "--method", "xrag", "--artifact", str(out),
+                 "--retrieve", "2", "--limit", "2", "--decoder", str(tiny_model_dir), "--max-new-tokens", "2",
+                 "--out", str(summary)]) == 0
+    s = json.loads(summary.read_text())
+    assert s["trained"] is False and s["retrieve"] == 2 and s["tokens_out_mean"] == 2
+    assert s["encoded_on_the_fly"] == 0 and s["index_hits"] == 4 and s["gold_recall_at_k"] is not None
+    assert "UNTRAINED" in capsys.readouterr().err
+    if not SHIPPED_ARTIFACT.is_dir():
+        assert main(["eval", "--dataset", "nq", "--path", str(nq), "--method", "xrag", "--limit", "1",
+                     "--decoder", str(tiny_model_dir)]) == 2
+        assert "no shipped xrag bridge" in capsys.readouterr().err
