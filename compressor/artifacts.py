@@ -8,10 +8,12 @@ family fields, training data and measured scores), ``model.safetensors`` (traina
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,24 +21,22 @@ import numpy as np
 
 from .errors import ArtifactError, BaseModelMismatchError
 
-__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "write_artifact", "read_artifact", "check_base_model"]
+__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "atomic_folder", "write_artifact", "read_artifact", "check_base_model"]
 
 CONFIG_NAME = "compressor_config.json"
 WEIGHTS_NAME = "model.safetensors"
 _PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt"}
 
 
-def write_artifact(directory: str | Path, config: dict[str, Any], tensors: dict[str, np.ndarray], card: str) -> Path:
-    """Write atomically: a temp folder beside the target, renamed into place (replacing an old one)."""
-    from safetensors.numpy import save_file
-
+@contextlib.contextmanager
+def atomic_folder(directory: str | Path) -> Iterator[Path]:
+    """Yield a temp folder beside ``directory``; on success rename it into place (replacing an old one), so
+    readers see the old folder or the new one, never a half-written one. On error the temp folder goes."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}-"))
     try:
-        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp / WEIGHTS_NAME))
-        (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=False) + "\n")
-        (tmp / "README.md").write_text(card)
+        yield tmp
         if directory.exists():
             old = directory.with_name(f".{directory.name}-old")
             shutil.rmtree(old, ignore_errors=True)
@@ -48,7 +48,17 @@ def write_artifact(directory: str | Path, config: dict[str, Any], tensors: dict[
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return directory
+
+
+def write_artifact(directory: str | Path, config: dict[str, Any], tensors: dict[str, np.ndarray], card: str) -> Path:
+    """Write an artifact folder atomically."""
+    from safetensors.numpy import save_file
+
+    with atomic_folder(directory) as tmp:
+        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp / WEIGHTS_NAME))
+        (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=False) + "\n")
+        (tmp / "README.md").write_text(card)
+    return Path(directory)
 
 
 def read_artifact(directory: str | Path, expected_type: str, format_version: int,

@@ -179,10 +179,11 @@ def test_shipped_probe_on_real_hotpotqa(counter):
 
     comp = get_compressor("sentinel", counter=counter)
     assert comp.manifest["scores"]["val_auc"] > 0.8
-    exs = load_dataset("hotpotqa", HOTPOT, limit=5)
+    exs = load_dataset("hotpotqa", HOTPOT, limit=10)  # held out from training
     recalls = []
     for e in exs:
-        ctx = comp.compress(e.question, e.passages, Budget(ratio=5))
-        assert ctx.tokens_out <= Budget(ratio=5).max_tokens(ctx.tokens_in)
+        ctx = comp.compress(e.question, e.passages, Budget(ratio=3))
+        assert ctx.tokens_out <= Budget(ratio=3).max_tokens(ctx.tokens_in)
         recalls.append(evidence_recall(ctx, e.passages))
-    assert np.mean(recalls) > 0.5
+    # 0.90 on the first 100 (bench); a random third of the sentences would keep about 0.39
+    assert np.mean(recalls) > 0.6

@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..artifacts import atomic_folder
 from ..base import Passage, coerce_passages
 from ..errors import ArtifactError, BaseModelMismatchError, InputError
 from .config import INDEX_FORMAT_VERSION
@@ -163,9 +161,7 @@ class DocumentIndex:
         from safetensors.torch import save_file
 
         directory = Path(directory)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}-"))
-        try:
+        with atomic_folder(directory) as tmp:
             save_file({"embeddings": self.vectors}, str(tmp / _VECTORS))
             with open(tmp / _PASSAGES, "w", encoding="utf-8") as f:
                 for k, p in zip(self.keys, self.passages):
@@ -173,17 +169,6 @@ class DocumentIndex:
             manifest = {"type": "ragpress-index", "format_version": INDEX_FORMAT_VERSION, "embedder": self.embedder,
                         "count": len(self)}
             (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-            if directory.exists():
-                old = directory.with_name(f".{directory.name}-old")
-                shutil.rmtree(old, ignore_errors=True)
-                os.rename(directory, old)
-                os.rename(tmp, directory)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.rename(tmp, directory)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
         return directory
 
     @classmethod
