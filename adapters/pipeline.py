@@ -121,6 +121,7 @@ def compress_messages(
     def wrapped(*args: Any, documents: Sequence[Any] | None = None, **kwargs: Any) -> Any:
         if documents is None:
             return create(*args, **kwargs)
+        positional = "messages" not in kwargs and bool(args)
         if "messages" in kwargs:
             messages = kwargs["messages"]
         elif args:
@@ -136,6 +137,8 @@ def compress_messages(
         wrapped.last_context = ctx
         if ctx.passages:
             messages[last]["content"] = f"{documents_block(ctx.passages)}\n\nQuestion: {messages[last]['content']}"
+        if positional:  # keep the caller's convention: a transformers pipeline takes messages positionally
+            return create(messages, *args, **kwargs)
         kwargs["messages"] = messages
         return create(*args, **kwargs)
 

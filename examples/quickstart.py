@@ -22,7 +22,7 @@ METHOD = os.environ.get("RAGPRESS_DEMO_METHOD", "sentinel" if "sentinel" in avai
 
 
 def main() -> int:
-    example = load_dataset("hotpotqa", DATA, limit=4)[3]
+    example = load_dataset("hotpotqa", DATA, limit=10)[9]
     print(f"question: {example.question}\ngold:     {example.answers[0]}\n")
 
     # 1. One call.
@@ -43,8 +43,8 @@ def main() -> int:
 
     chat = pipeline("text-generation", model=full.backend.model, tokenizer=full.backend.tokenizer)
     generate = compress_messages(chat, pipe.compressor, Budget(ratio=5))
-    out = generate(messages=[{"role": "system", "content": "Answer with a few words."},
-                             {"role": "user", "content": example.question}],
+    out = generate([{"role": "system", "content": "Answer with a few words."},
+                    {"role": "user", "content": example.question}],
                    documents=example.passages, max_new_tokens=24, do_sample=False)
     print(f"\nwrapped transformers pipeline answer: {out[0]['generated_text'][-1]['content']!r} "
           f"(context {generate.last_context.tokens_in} -> {generate.last_context.tokens_out} tokens)")

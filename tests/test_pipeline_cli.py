@@ -83,3 +83,15 @@ def test_cli_methods_lists_registry(capsys):
     assert main(["methods"]) == 0
     out = capsys.readouterr().out
     assert "none\ttext" in out and "bm25\ttext" in out
+
+
+def test_compress_messages_keeps_positional_messages(counter):
+    seen = {}
+
+    def pipeline_like(text_inputs, **kw):  # a transformers pipeline takes the messages positionally
+        seen.update(text_inputs=text_inputs, kw=kw)
+        return "ok"
+
+    wrapped = compress_messages(pipeline_like, get_compressor("bm25", counter=counter), Budget(ratio=2))
+    assert wrapped([{"role": "user", "content": "Who wrote Hamlet?"}], documents=PASSAGES, max_new_tokens=3) == "ok"
+    assert seen["text_inputs"][0]["content"].startswith("Documents:") and seen["kw"] == {"max_new_tokens": 3}
