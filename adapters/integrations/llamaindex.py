@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict
 
-from compressor.base import Budget, CompressedContext, Compressor, TokenCounter
 from compressor.errors import InputError, MissingExtraError
 
-from ._common import budget_of, text_compressor, to_passage
+from ._common import RagpressFields, to_passage
 
 try:
     from llama_index.core.postprocessor.types import BaseNodePostprocessor
@@ -28,38 +27,18 @@ except ImportError as e:
 __all__ = ["RagpressNodePostprocessor"]
 
 
-class RagpressNodePostprocessor(BaseNodePostprocessor):
+class RagpressNodePostprocessor(RagpressFields, BaseNodePostprocessor):
     """Compress retrieved nodes against the query with one registered text method."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    method: str = Field(default="bm25", description="A registered text method.")
-    ratio: float | None = Field(default=None, description="tokens in / tokens out; None: the method's default.")
-    target_tokens: int | None = Field(default=None, description="Keep at most this many tokens in all.")
-    tokenizer: str = Field(default="smollm2-135m-instruct", description="Whose tokens the budget counts.")
-    title_key: str | None = Field(default="title", description="Metadata key shown as the node title.")
-    options: dict[str, Any] = Field(default_factory=dict, description="Method options (e.g. artifact=...).")
-    counter: TokenCounter | None = Field(default=None, exclude=True, description="Overrides tokenizer.")
-    compressor: Compressor | None = Field(default=None, exclude=True, description="A built compressor to use.")
-    _last: CompressedContext | None = PrivateAttr(default=None)
-    _budget: Budget = PrivateAttr(default_factory=Budget)
-
     def __init__(self, **data: Any) -> None:
         super().__init__(**data)
-        # built here, after validation, so ragpress' own errors (unknown method, bad budget) come out as they are
-        self._budget = budget_of(self.ratio, self.target_tokens)
-        if self.compressor is None:
-            self.compressor = text_compressor(self.method, self.tokenizer, self.counter, self.options)
-        elif self.compressor.kind != "text":
-            raise InputError(f"compressor {self.compressor.name!r} produces soft prompts; give a text method")
+        self._build()
 
     @classmethod
     def class_name(cls) -> str:
         return "RagpressNodePostprocessor"
-
-    @property
-    def last_context(self) -> CompressedContext | None:
-        return self._last
 
     def _postprocess_nodes(self, nodes: list[NodeWithScore],
                            query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
