@@ -239,8 +239,8 @@ class HFBackend(DecoderBackend):
 
 
 class FakeBackend(DecoderBackend):
-    """Deterministic stand-in for tests: answers with the ``answer_words`` last words of the prompt text, or
-    a fixed reply. Uses a real tokenizer so token counts are real."""
+    """Deterministic stand-in for tests: answers with a fixed ``reply`` (default: the prompt's row count).
+    Uses a real tokenizer so token counts are real; records every prompt in ``calls``."""
 
     def __init__(self, tokenizer: Any, reply: str | None = None, model_name: str = "fake") -> None:
         self.tokenizer = tokenizer

@@ -106,7 +106,7 @@ class PromptBuilder:
         return f"{t.instruction}\n\n{shot}{query}\nAnswer:"
 
     def _stop(self) -> tuple[str, ...]:
-        return ("\n",) if self.style == "plain" else ("\n",)
+        return ("\n",)  # both styles: the answer is one short line
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

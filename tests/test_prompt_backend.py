@@ -96,7 +96,6 @@ def test_stop_strings_and_max_tokens(tiny_backend, smol_tokenizer):
     p = PromptBuilder(smol_tokenizer).build_text("Who?", None)
     g = tiny_backend.generate([p], GenerationParams(max_new_tokens=5, stop=[]))[0]
     assert len(g.token_ids) <= 5 and g.ttft_s <= g.e2e_s
-    full = tiny_backend.decode_text = None  # noqa: F841  (no such API; just make sure attribute set works)
     if g.text:
         stop = g.text[len(g.text) // 2:] or g.text
         g2 = tiny_backend.generate([p], GenerationParams(max_new_tokens=5, stop=[stop]))[0]
