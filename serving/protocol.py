@@ -79,7 +79,7 @@ class _Sampling(_Lenient):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=16)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1, description="A 64-bit signed integer.")
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

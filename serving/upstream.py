@@ -116,6 +116,10 @@ class EmbeddedUpstream(Upstream):
         self._check_model(req.model)
         prompts = [self._chat_prompt(payload)] if kind == "chat" else [self._text_prompt(p) for p in payload]
         max_new = req.max_new_tokens or self.default_max_tokens
+        cap = next(m.le for m in GenerationParams.model_fields["max_new_tokens"].metadata if hasattr(m, "le"))
+        if max_new > cap:
+            raise ProxyError(400, f"max_tokens {max_new} is more than the in-process decoder generates in one "
+                             f"request ({cap}); lower it", param="max_tokens", code="invalid_value")
         for p in prompts:
             if self.max_context and len(p) + max_new > self.max_context:
                 raise ProxyError(400, f"This model's maximum context length is {self.max_context} tokens; the "
@@ -252,14 +256,23 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 class RemoteUpstream(Upstream):
-    """An OpenAI-compatible server at ``base_url`` (its ``/v1`` URL, as an openai client would take)."""
+    """An OpenAI-compatible server at ``base_url`` (its ``/v1`` URL, as an openai client would take).
+
+    Failures map to statuses once, here: unreachable 502 (``upstream_unavailable``); no answer within
+    ``timeout_s`` 504 (the whole response for plain requests, the response head and each read of a stream,
+    since a long generation may stream for longer); a 5xx, a body or stream event that is not a JSON object,
+    a stream that ends without ``[DONE]`` or a refused upstream key 502 (``upstream_error``); the upstream's
+    other 4xx errors are relayed with their status.
+    """
 
     def __init__(self, base_url: str, *, api_key: str | None = None, timeout_s: float = 120.0,
                  connect_timeout_s: float = 5.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self.name = base_url.rstrip("/")
+        base = base_url.rstrip("/")
+        self.name = _redact(base)  # what error messages show: never a password in the URL
+        self.timeout_s = timeout_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.AsyncClient(
-            base_url=self.name + "/", headers=headers, transport=transport,
+            base_url=base + "/", headers=headers, transport=transport,
             timeout=httpx.Timeout(timeout_s, connect=min(connect_timeout_s, timeout_s)),
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
         )
@@ -275,25 +288,30 @@ class RemoteUpstream(Upstream):
 
     def _transport_error(self, e: httpx.HTTPError) -> ProxyError:
         if isinstance(e, httpx.TimeoutException):
-            return ProxyError(504, f"the upstream at {self.name} did not answer in time ({type(e).__name__})",
-                              "timeout_error", code="upstream_timeout")
+            return self._timeout(type(e).__name__)
         return ProxyError(502, f"the upstream at {self.name} is unreachable: {type(e).__name__}: {e}",
                           "upstream_error", code="upstream_unavailable")
+
+    def _timeout(self, why: str) -> ProxyError:
+        return ProxyError(504, f"the upstream at {self.name} did not answer within {self.timeout_s:g} s ({why})",
+                          "timeout_error", code="upstream_timeout")
+
+    def _bad(self, what: str) -> ProxyError:
+        return ProxyError(502, f"the upstream at {self.name} {what}", "upstream_error", code="upstream_error")
 
     async def _raise_for_status(self, r: httpx.Response) -> None:
         if r.status_code < 400:
             return
         text = (await r.aread()).decode(errors="replace")
-        try:
-            err = json.loads(text)["error"]
-            message = err.get("message") if isinstance(err, dict) else str(err)
-        except (ValueError, KeyError, TypeError):
-            err, message = None, text[:300]
-        if r.status_code < 500 and isinstance(err, dict):  # the client's problem: relay status and body
-            raise ProxyError(r.status_code, f"upstream: {message}", err.get("type") or "invalid_request_error",
-                             param=err.get("param"), code=err.get("code"))
-        raise ProxyError(502, f"the upstream at {self.name} answered {r.status_code}: {message}",
-                         "upstream_error", code="upstream_error")
+        err = _error_of(text)
+        message = err["message"] if err else text[:300]
+        if r.status_code in (401, 403):  # the proxy's own key: nothing the client can fix
+            raise self._bad(f"refused the proxy's credentials ({r.status_code}: {message}); check "
+                            "RAGPRESS_UPSTREAM_API_KEY")
+        if r.status_code < 500 and err:  # the client's problem: relay status and body
+            raise ProxyError(r.status_code, f"upstream: {message}", err["type"] or "invalid_request_error",
+                             param=err["param"], code=err["code"])
+        raise self._bad(f"answered {r.status_code}: {message}")
 
     async def _send(self, method: str, path: str, body: dict[str, Any] | None, stream: bool) -> httpx.Response:
         try:
@@ -308,39 +326,93 @@ class RemoteUpstream(Upstream):
             raise
         return r
 
+    async def _json(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        """One plain request, all of it within ``timeout_s`` (httpx's timeouts bound each read only)."""
+        try:
+            with anyio.fail_after(self.timeout_s):
+                r = await self._send(method, path, body, stream=False)
+        except TimeoutError:
+            raise self._timeout("deadline") from None
+        try:
+            data = r.json()
+        except ValueError:
+            raise self._bad(f"sent a body that is not JSON: {r.text[:80]!r}") from None
+        if not isinstance(data, dict):
+            raise self._bad(f"sent a JSON {type(data).__name__} where an object belongs")
+        return data
+
     async def complete(self, kind: Kind, req: Request, payload: list[Any]) -> dict[str, Any]:
         path = "chat/completions" if kind == "chat" else "completions"
-        r = await self._send("POST", path, self._body(kind, req, payload) | {"stream": False}, stream=False)
-        try:
-            return r.json()
-        except ValueError:
-            raise ProxyError(502, f"the upstream at {self.name} sent a body that is not JSON", "upstream_error",
-                             code="upstream_error") from None
+        return await self._json("POST", path, self._body(kind, req, payload) | {"stream": False})
 
     async def stream(self, kind: Kind, req: Request, payload: list[Any]) -> AsyncIterator[dict[str, Any]]:
         path = "chat/completions" if kind == "chat" else "completions"
-        r = await self._send("POST", path, self._body(kind, req, payload), stream=True)
+        try:
+            with anyio.fail_after(self.timeout_s):
+                r = await self._send("POST", path, self._body(kind, req, payload), stream=True)
+        except TimeoutError:
+            raise self._timeout("deadline") from None
         return self._events(r)
 
     async def _events(self, r: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+        done = False
         try:
             async for line in r.aiter_lines():
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
+                    done = True
                     break
-                event = json.loads(data)
+                try:
+                    event = json.loads(data)
+                except ValueError:
+                    raise self._bad(f"sent a stream event that is not JSON: {data[:80]!r}") from None
+                if not isinstance(event, dict):
+                    raise self._bad(f"sent a stream event that is a JSON {type(event).__name__}, not an object")
                 if "error" in event:
-                    err = event["error"] if isinstance(event["error"], dict) else {"message": str(event["error"])}
-                    raise ProxyError(502, f"upstream: {err.get('message')}", err.get("type") or "upstream_error",
-                                     code=err.get("code"))
+                    err = _error_of(json.dumps(event)) or {"message": str(event["error"]), "type": None, "code": None}
+                    raise ProxyError(502, f"upstream: {err['message']}", err["type"] or "upstream_error",
+                                     code=err["code"])
                 yield event
+            if not done:
+                raise self._bad("ended the stream without [DONE]; the answer may be cut short")
+        except httpx.TimeoutException as e:
+            raise self._timeout(type(e).__name__) from None
         except httpx.HTTPError as e:
-            raise self._transport_error(e) from None
+            raise self._bad(f"dropped the stream midway ({type(e).__name__}: {e})") from None
         finally:
             await r.aclose()
 
     async def models(self) -> list[dict[str, Any]]:
-        r = await self._send("GET", "models", None, stream=False)
-        return list(r.json().get("data", []))
+        data = (await self._json("GET", "models", None)).get("data", [])
+        if not isinstance(data, list):
+            raise self._bad("sent a model list whose data is not a list")
+        return data
+
+
+def _error_of(text: str) -> dict[str, str | None] | None:
+    """The OpenAI-shaped error in an upstream body, its fields as strings, or None if it holds none."""
+    try:
+        err = json.loads(text)["error"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(err, dict):
+        return {"message": str(err), "type": None, "param": None, "code": None}
+
+    def s(key: str) -> str | None:
+        v = err.get(key)
+        return None if v is None else str(v)
+
+    return {"message": s("message") or "(no message)", "type": s("type"), "param": s("param"), "code": s("code")}
+
+
+def _redact(url: str) -> str:
+    """``url`` without a password (``http://user:secret@host`` -> ``http://user:***@host``)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))

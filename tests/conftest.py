@@ -17,6 +17,16 @@ SQUAD = DATA / "squad_v2_dev_subset" / "squad_v2_dev_first5articles.json"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` stay out of CI (`make test`): run them with RAGPRESS_SLOW=1 or ``-m slow``."""
+    if os.environ.get("RAGPRESS_SLOW") or "slow" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: run with RAGPRESS_SLOW=1 or -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def smol_tokenizer():
     from compressor.models import load_tokenizer

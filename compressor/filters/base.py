@@ -78,13 +78,29 @@ class SentenceFilter(Compressor):
             budget = Budget(ratio=self.config.default_ratio)
         max_tokens = budget.max_tokens(tokens_in)
         if max_tokens is not None and max_tokens >= tokens_in and budget.threshold is None:
-            keep = list(range(len(sents)))  # documented no-op: the budget holds the whole input
-            scores = np.zeros(len(sents))
-        else:
-            scores = np.asarray(self.score_sentences(query, passages, sents), dtype=np.float64)
-            # Reserve one token per kept sentence for the joining space so the joined text fits too.
-            keep = select_within_budget(scores, [s.tokens + 1 for s in sents], max_tokens, budget.threshold)
+            return self._verbatim(passages, sents)  # documented no-op: the budget holds the whole input
+        scores = np.asarray(self.score_sentences(query, passages, sents), dtype=np.float64)
+        # Reserve one token per kept sentence for the joining space so the joined text fits too.
+        keep = select_within_budget(scores, [s.tokens + 1 for s in sents], max_tokens, budget.threshold)
         return self._assemble(passages, sents, keep, scores, max_tokens)
+
+    def _verbatim(self, passages: list[Passage], sents: list[Sentence]) -> list[CompressedPassage]:
+        """Every sentence kept, as the passage has them: one span from the first sentence to the last. Joining
+        the sentences with spaces instead could take more tokens than the input (a newline and a space
+        tokenize differently), over a budget that holds the whole input."""
+        by_p: dict[int, list[Sentence]] = {}
+        for s in sents:
+            by_p.setdefault(s.passage, []).append(s)
+        out = []
+        for pi in sorted(by_p):
+            ss, p = by_p[pi], passages[pi]
+            text = p.text[ss[0].start: ss[-1].end]
+            out.append(CompressedPassage(
+                index=pi, title=p.title, text=text, spans=[(ss[0].start, ss[-1].end)],
+                sentence_ids=[s.index for s in ss], scores=[0.0] * len(ss),
+                tokens_in=self.counter.count(p.text), tokens_out=self.counter.count(text),
+            ))
+        return out
 
     def _assemble(self, passages, sents, keep, scores, max_tokens) -> list[CompressedPassage]:
         by_p: dict[int, list[int]] = {}
@@ -100,10 +116,9 @@ class SentenceFilter(Compressor):
                 sentence_ids=[sents[i].index for i in idx], scores=[float(scores[i]) for i in idx],
                 tokens_in=self.counter.count(passages[pi].text), tokens_out=self.counter.count(text),
             ))
-        if max_tokens is not None:
+        if max_tokens is not None and keep:
             total = sum(p.tokens_out for p in out)
-            assert_fits = total <= max_tokens or len(keep) == len(sents)
-            if not assert_fits:  # tokenizer merges across the joining space: drop the weakest until it fits
+            if total > max_tokens:  # tokenizer merges across the joining space: drop the weakest until it fits
                 weakest = min(keep, key=lambda i: (float(scores[i]), -i))
                 return self._assemble(passages, sents, [i for i in keep if i != weakest], scores, max_tokens)
         return out

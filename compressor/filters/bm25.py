@@ -24,8 +24,11 @@ class BM25Filter(SentenceFilter):
             return np.zeros(0)
         docs = [f"{passages[s.passage].title or ''} {s.text}" if self.config.title_in_score else s.text
                 for s in sentences]
+        corpus = bm25s.tokenize(docs, stopwords="en", show_progress=False)
+        if not corpus.vocab:  # nothing but stop words and punctuation: bm25s cannot index it, nothing matches
+            return np.zeros(len(sentences))
         retriever = bm25s.BM25()
-        retriever.index(bm25s.tokenize(docs, stopwords="en", show_progress=False), show_progress=False)
+        retriever.index(corpus, show_progress=False)
         qtok = bm25s.tokenize([query], stopwords="en", show_progress=False, return_ids=False)[0]
         if not qtok:
             return np.zeros(len(sentences))

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +30,13 @@ import torch
 from tqdm.auto import tqdm
 
 from ..artifacts import read_artifact, write_artifact
-from ..base import CompressedContext, CompressedPassage, Passage, TokenCounter
+from ..base import TokenCounter
 from ..errors import ConfigError, InputError
 from ..prompt import PromptBuilder
+from ..training import QARecord, Seq, qa_layouts
+from ..training import cosine_lr as _lr
+from ..training import seeded_batch as _batch
+from ..training import target_logits as _target_logits
 from .config import XRAGConfig, XRAGTrainConfig
 from .index import cached_index, text_key
 from .model import XRAGCompressor
@@ -54,24 +56,6 @@ _MARK = "\x00XRAG_ROW\x00"
 _CKPT_TYPE, _CKPT_VERSION = "xrag-checkpoint", 1
 
 
-@dataclass(frozen=True)
-class QARecord:
-    """A stage-2 record: a question, the passages read as one row each (in order), and one gold answer."""
-
-    question: str
-    passages: tuple[Passage, ...]
-    answer: str
-
-
-@dataclass
-class _Seq:
-    ids: list[int]  # prompt + target; a placeholder id where a soft row goes
-    rows: list[int]  # positions of soft rows
-    texts: list[str]  # passage text of each row, same order
-    n_prompt: int
-    n_target: int
-
-
 class _Layouts:
     """Token layouts of training sequences, in the decoder's tokenizer and the evaluation prompt style."""
 
@@ -84,7 +68,7 @@ class _Layouts:
     def _enc(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
 
-    def paraphrase(self, text: str, instruction: str) -> _Seq:
+    def paraphrase(self, text: str, instruction: str) -> Seq:
         body = instruction.format(doc=_MARK)
         if self.builder.style == "chat":
             rendered = self.tok.apply_chat_template([{"role": "user", "content": body}], tokenize=False,
@@ -96,71 +80,11 @@ class _Layouts:
         head = bos + self._enc(before)
         prompt = head + [self.ph] + self._enc(after)
         target = self._enc(text)[: self.cfg.max_passage_tokens]
-        return _Seq(prompt + target, [len(head)], [text], len(prompt), len(target))
+        return Seq(prompt + target, [len(head)], len(prompt), len(target), [text])
 
-    def _answer(self, answer: str) -> list[int]:
-        if self.builder.style == "chat":
-            return self._enc(answer)[: self.cfg.max_answer_tokens] + ([self.eos] if self.eos is not None else [])
-        return self._enc(" " + answer)[: self.cfg.max_answer_tokens] + self._enc("\n")
-
-    def qa(self, r: QARecord) -> tuple[_Seq, _Seq]:
+    def qa(self, r: QARecord) -> tuple[Seq, Seq]:
         """(student with one row per passage, teacher reading the passages as text): same answer tokens."""
-        soft = CompressedContext(method="xrag", kind="soft", query=r.question, n_input_passages=len(r.passages),
-                                 tokens_in=0, tokens_out=len(r.passages),
-                                 passages=[CompressedPassage(index=i, title=p.title, embeds=torch.zeros(1, self.hidden),
-                                                             tokens_out=1) for i, p in enumerate(r.passages)])
-        ids, rows = [], []
-        for seg in self.builder.build(soft).segments:
-            if isinstance(seg, list):
-                ids += seg
-            else:
-                rows.append(len(ids))
-                ids.append(self.ph)
-        text = CompressedContext(method="none", kind="text", query=r.question, n_input_passages=len(r.passages),
-                                 tokens_in=0, tokens_out=0,
-                                 passages=[CompressedPassage(index=i, title=p.title, text=p.text)
-                                           for i, p in enumerate(r.passages)])
-        t_ids = self.builder.build(text).token_ids
-        ans = self._answer(r.answer)
-        return (_Seq(ids + ans, rows, [p.text for p in r.passages], len(ids), len(ans)),
-                _Seq(t_ids + ans, [], [], len(t_ids), len(ans)))
-
-
-def _target_logits(model: Any, seqs: Sequence[_Seq], pad: int, rows: torch.Tensor | None) -> torch.Tensor:
-    """Right-padded batch forward; ``rows`` ``[R, hidden]`` replace the placeholders in order. Returns the
-    fp32 logits ``[sum n_target, vocab]`` that predict each target token, in sequence order."""
-    emb = model.get_input_embeddings()
-    dev = emb.weight.device
-    L = max(len(s.ids) for s in seqs)
-    ids = torch.full((len(seqs), L), pad, dtype=torch.long, device=dev)
-    mask = torch.zeros(len(seqs), L, dtype=torch.long, device=dev)
-    for b, s in enumerate(seqs):
-        ids[b, : len(s.ids)] = torch.tensor(s.ids, device=dev)
-        mask[b, : len(s.ids)] = 1
-    x = emb(ids)
-    if rows is not None:
-        rb = torch.tensor([b for b, s in enumerate(seqs) for _ in s.rows], device=dev)
-        rp = torch.tensor([p for s in seqs for p in s.rows], device=dev)
-        x = x.index_put((rb, rp), rows.to(device=dev, dtype=x.dtype))
-    h = model.base_model(inputs_embeds=x, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                         use_cache=False).last_hidden_state
-    sb = torch.tensor([b for b, s in enumerate(seqs) for _ in range(s.n_target)], device=dev)
-    sp = torch.tensor([s.n_prompt - 1 + k for s in seqs for k in range(s.n_target)], device=dev)
-    logits = model.get_output_embeddings()(h[sb, sp]).float()
-    cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
-    return torch.tanh(logits / cap) * cap if cap else logits
-
-
-def _batch(n: int, size: int, step: int, seed: int, stage: int) -> list[int]:
-    """Indices of ``step``'s batch: epochs of seeded permutations, a pure function of its arguments."""
-    out, perms = [], {}
-    for pos in range(step * size, (step + 1) * size):
-        epoch, i = divmod(pos, n)
-        if epoch not in perms:
-            perms[epoch] = list(range(n))
-            random.Random(f"{seed}-{stage}-{epoch}").shuffle(perms[epoch])
-        out.append(perms[epoch][i])
-    return out
+        return qa_layouts(self.builder, r, [1] * len(r.passages), self.hidden, self.ph, self.cfg.max_answer_tokens)
 
 
 def _data_hash(texts: Sequence[str], qa: Sequence[QARecord]) -> str:
@@ -171,14 +95,6 @@ def _data_hash(texts: Sequence[str], qa: Sequence[QARecord]) -> str:
     for r in qa:
         h.update(json.dumps([r.question, r.answer, [text_key(p.text) for p in r.passages]]).encode())
     return h.hexdigest()
-
-
-def _lr(i: int, n: int, peak: float, warmup_fraction: float) -> float:
-    w = max(1, int(n * warmup_fraction))
-    if i < w:
-        return peak * (i + 1) / w
-    t = (i - w) / max(1, n - w)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
 
 def _save_checkpoint(path: Path, bridge: Bridge, opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
