@@ -1,6 +1,8 @@
 """The ``xrag`` family: one soft row per document through a trained bridge (see :mod:`.model`).
 
-Registered as ``xrag`` only when a trained bridge ships at ``compressor/artifacts/xrag-minilm-smollm2/``:
+Registered as ``xrag`` only when a trained bridge ships at ``compressor/artifacts/xrag-minilm-smollm2/``
+(and one is put there only once it beats the untrained control on held-out NQ; the first run,
+``xrag-minilm-smollm2-exp1/``, did not and is kept as an experiment, loadable with ``--artifact``):
 untrained weights are never offered as a compressor. Without it, ``ragpress eval --method xrag --artifact
 DIR`` (or :func:`load_xrag`) still loads a bridge you trained, or an untrained control made with
 ``ragpress train xrag --stage1-steps 0 --stage2-steps 0``.
