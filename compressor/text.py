@@ -42,9 +42,15 @@ def split_sentences(text: str) -> list[tuple[int, int]]:
     exactly once, in order, with surrounding whitespace excluded. ``text[s:e]`` is the sentence."""
     if not text.strip():
         return []
+    return _spans_of(text, _pysbd_sentences(text))
+
+
+def _spans_of(text: str, sentences: list[str]) -> list[tuple[int, int]]:
+    """Map sentence strings back to stripped ``[start, end)`` spans of ``text``, in order; whatever follows the
+    last sentence found (or a sentence the splitter altered) becomes one last span."""
     spans: list[tuple[int, int]] = []
     pos = 0
-    for sent in _pysbd_sentences(text):
+    for sent in sentences:
         core = sent.strip()
         if not core:
             continue

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compressor import Budget, Passage, get_compressor
-from compressor.text import _segmenter, split_sentences
+from compressor.text import _segmenter, _spans_of, split_sentences
 
 WORDS = ["Paris", "France", "capital", "the", "of", "is", "a", "city", "Hamlet", "Shakespeare", "wrote", "play",
          "in", "1600", "Dr.", "U.S.", "cats", "sleep", "river", "Danube", "it", "and", "e.g.", "3.5", "km",
@@ -148,21 +148,7 @@ def _pysbd_reference(text: str) -> list[tuple[int, int]]:
     """split_sentences as it was, on pysbd's own quadratic span search (slow, fine on short texts)."""
     if not text.strip():
         return []
-    spans, pos = [], 0
-    for seg in _segmenter().segment(text):
-        core = seg.sent.strip()
-        if not core:
-            continue
-        start = text.find(core, pos)
-        if start < 0:
-            break
-        spans.append((start, start + len(core)))
-        pos = start + len(core)
-    rest = text[pos:]
-    if rest.strip():
-        lead = len(rest) - len(rest.lstrip())
-        spans.append((pos + lead, pos + len(rest.rstrip())))
-    return spans
+    return _spans_of(text, [seg.sent for seg in _segmenter().segment(text)])
 
 
 @examples(150)

@@ -63,7 +63,6 @@ class _Layouts:
         self.tok, self.cfg, self.hidden = tokenizer, cfg, hidden
         self.builder = PromptBuilder(tokenizer)
         self.ph = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.eos = tokenizer.eos_token_id
 
     def _enc(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
