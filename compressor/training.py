@@ -11,14 +11,17 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from .artifacts import write_artifact
 from .base import CompressedContext, CompressedPassage, Passage
 from .prompt import PromptBuilder
 
-__all__ = ["Seq", "QARecord", "qa_layouts", "answer_ids", "target_logits", "seeded_batch", "cosine_lr"]
+__all__ = ["Seq", "QARecord", "qa_layouts", "answer_ids", "target_logits", "seeded_batch", "cosine_lr",
+           "save_checkpoint", "load_opt_state", "trim_log"]
 
 
 @dataclass
@@ -124,3 +127,32 @@ def cosine_lr(i: int, n: int, peak: float, warmup_fraction: float) -> float:
         return peak * (i + 1) / w
     t = (i - w) / max(1, n - w)
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def save_checkpoint(path: Path, kind: str, version: int, tensors: dict[str, Any], opt: torch.optim.Optimizer,
+                    state: dict[str, Any], card: str) -> None:
+    """Write trainable ``tensors`` (numpy) plus AdamW moments as a safetensors artifact (never a pickle)."""
+    tensors = dict(tensors)
+    steps = {}
+    for i, s in opt.state_dict()["state"].items():
+        tensors[f"opt.{i}.exp_avg"] = s["exp_avg"].float().contiguous().numpy()
+        tensors[f"opt.{i}.exp_avg_sq"] = s["exp_avg_sq"].float().contiguous().numpy()
+        steps[str(i)] = float(s["step"])
+    write_artifact(path, {"type": kind, "format_version": version, **state, "adam_steps": steps}, tensors, card)
+
+
+def load_opt_state(opt: torch.optim.Optimizer, t: dict[str, Any], steps: dict[str, float]) -> None:
+    """Restore the AdamW moments written by :func:`save_checkpoint`."""
+    sd = opt.state_dict()
+    sd["state"] = {int(i): {"step": torch.tensor(v), "exp_avg": torch.from_numpy(t[f"opt.{i}.exp_avg"].copy()),
+                            "exp_avg_sq": torch.from_numpy(t[f"opt.{i}.exp_avg_sq"].copy())} for i, v in steps.items()}
+    opt.load_state_dict(sd)
+
+
+def trim_log(log_path: Path, step: int) -> None:
+    """Drop log lines of steps at or after ``step`` (they are about to be redone after a resume)."""
+    import json
+
+    if log_path.exists():
+        kept = [ln for ln in log_path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] < step]
+        log_path.write_text("".join(ln + "\n" for ln in kept))

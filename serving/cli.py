@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-new-tokens", type=int, default=32)
     ev.add_argument("--out", type=Path, help="write the summary JSON here (per-sample JSONL beside it)")
     ev.add_argument("--artifact", help="trained artifact folder for the method (default: the shipped one)")
+    ev.add_argument("--slot-cache", type=Path,
+                    help="icae: slot cache folder; passages already in it are not encoded again (run twice to time hits)")
     ev.add_argument("--retrieve", type=int, default=0, metavar="K",
                     help="nq: top-K passages retrieved (MiniLM, index cached under $RAGPRESS_HOME/indexes) from all "
                          "passages of the file, instead of the gold passage")
@@ -89,7 +91,42 @@ def build_parser() -> argparse.ArgumentParser:
     ts.add_argument("--seed", type=int, default=0)
     ts.add_argument("--features-cache", type=Path, help="npz cache of extracted features (reused if present)")
     _add_train_xrag(tsub)
+    _add_train_icae(tsub)
     return ap
+
+
+def _add_train_icae(tsub: Any) -> None:
+    from compressor.icae.config import ICAEConfig, ICAETrainConfig
+
+    c, d = ICAEConfig(), ICAETrainConfig()
+    ti = tsub.add_parser("icae", help="train the ICAE encoder (LoRA + memory slots)")
+    ti.add_argument("--data", type=Path, default=Path("../shared/data"), help="the shared data folder")
+    ti.add_argument("--out", type=Path, required=True, help="artifact folder to write")
+    ti.add_argument("--work-dir", type=Path, help="checkpoints and loss log (default runs/icae-train/<out>)")
+    ti.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work-dir")
+    ti.add_argument("--base", default=c.base, help="base model = frozen decoder (named or HF folder)")
+    ti.add_argument("--ratio", type=float, default=c.ratio, help="segment tokens per memory slot")
+    ti.add_argument("--segment-tokens", type=int, default=c.segment_tokens)
+    ti.add_argument("--accumulate", action="store_true", help="AutoCompressor-style summary accumulation")
+    ti.add_argument("--lora-r", type=int, default=c.lora_r)
+    ti.add_argument("--lora-alpha", type=float, default=c.lora_alpha)
+    ti.add_argument("--lora-targets", default=c.lora_targets)
+    ti.add_argument("--stage1-steps", type=int, default=d.stage1_steps, help="autoencoding + LM pretraining steps")
+    ti.add_argument("--stage2-steps", type=int, default=d.stage2_steps, help="question -> answer tuning steps")
+    ti.add_argument("--batch-size", type=int, default=d.batch_size)
+    ti.add_argument("--stage1-lr", type=float, default=d.stage1_lr)
+    ti.add_argument("--stage2-lr", type=float, default=d.stage2_lr)
+    ti.add_argument("--lm-fraction", type=float, default=d.lm_fraction)
+    ti.add_argument("--curriculum-start-tokens", type=int, default=d.curriculum_start_tokens)
+    ti.add_argument("--curriculum-fraction", type=float, default=d.curriculum_fraction)
+    ti.add_argument("--kl-weight", type=float, default=d.kl_weight, help="stage-2 weight of the KL to the text teacher")
+    ti.add_argument("--precision", choices=["bf16", "fp32"], default=d.precision)
+    ti.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    ti.add_argument("--distractors", type=int, default=0, help="stage 2: K BM25 passages around each NQ gold one")
+    ti.add_argument("--n-stage1", type=int, help="use at most this many stage-1 passages")
+    ti.add_argument("--n-nq", type=int, help="use at most this many NQ training questions")
+    ti.add_argument("--n-squad", type=int, help="use at most this many SQuAD training questions")
+    ti.add_argument("--seed", type=int, default=d.seed)
 
 
 def _add_train_xrag(tsub: Any) -> None:
@@ -120,6 +157,9 @@ def _add_train_xrag(tsub: Any) -> None:
     tx.add_argument("--seed", type=int, default=d.seed)
 
 
+_TRAINED_SOFT = ("xrag", "icae")
+
+
 def _method_options(args: argparse.Namespace, decoder: str) -> dict[str, Any]:
     opts: dict[str, Any] = {}
     if getattr(args, "artifact", None):
@@ -133,7 +173,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from adapters.evaluate import evaluate, summarize
     from compressor import Budget, TokenCounter, get_compressor, get_spec
 
-    if args.method != "xrag":  # xrag may be unregistered (no shipped bridge) yet loadable with --artifact
+    if args.method not in _TRAINED_SOFT:  # these may be unregistered (nothing shipped) yet load with --artifact
         get_spec(args.method)
     budget = Budget(ratio=args.ratio, target_tokens=args.target_tokens, threshold=args.threshold)
     if args.distractors and args.dataset not in ("nq", "squad"):
@@ -160,12 +200,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
         extra.update(artifact=args.artifact, trained=comp.trained)
         if not comp.trained:
             print("xrag: UNTRAINED bridge (control)", file=sys.stderr)
+    elif args.method == "icae":
+        from compressor.icae import load_icae
+
+        comp = load_icae(counter, args.artifact, decoder=args.decoder,
+                         cache_dir=str(args.slot_cache) if args.slot_cache else None)
+        extra.update(artifact=args.artifact, trained=comp.trained)
+        if not comp.trained:
+            print("icae: UNTRAINED encoder (control)", file=sys.stderr)
     else:
         comp = get_compressor(args.method, counter=counter, **_method_options(args, args.decoder))
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
     records = evaluate(examples, backend, comp, budget, params)
     if args.method == "xrag":
         extra.update(index_hits=comp.index_hits, encoded_on_the_fly=comp.encoded_on_the_fly)
+    if args.method == "icae":
+        extra.update(encoded_passages=comp.encoded_passages,
+                     slot_cache_hits=comp.cache.hits if comp.cache else None)
     if hasattr(comp, "run_stats"):  # longllmlingua: how much its hard budget cap trimmed
         extra.update(comp.run_stats())
     summary = summarize(records, args.method, args.ratio, dataset=args.dataset, decoder=args.decoder,
@@ -263,9 +314,41 @@ def cmd_train_xrag(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_icae(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from adapters.training_data import xrag_records
+    from compressor.errors import ConfigError
+    from compressor.icae.config import ICAEConfig, ICAETrainConfig
+    from compressor.icae.train import train_icae
+
+    try:
+        config = ICAEConfig(base=args.base, ratio=args.ratio, segment_tokens=args.segment_tokens,
+                            accumulate=args.accumulate, lora_r=args.lora_r, lora_alpha=args.lora_alpha,
+                            lora_targets=args.lora_targets)
+        train = ICAETrainConfig(stage1_steps=args.stage1_steps, stage2_steps=args.stage2_steps,
+                                batch_size=args.batch_size, stage1_lr=args.stage1_lr, stage2_lr=args.stage2_lr,
+                                lm_fraction=args.lm_fraction, curriculum_start_tokens=args.curriculum_start_tokens,
+                                curriculum_fraction=args.curriculum_fraction, kl_weight=args.kl_weight,
+                                precision=args.precision, checkpoint_every=args.checkpoint_every, seed=args.seed)
+    except ValidationError as e:
+        raise ConfigError(f"train icae options are invalid: {e}") from None
+    texts, qa, data = xrag_records(args.data, args.n_stage1, args.n_nq, args.n_squad, args.distractors, seed=args.seed)
+    work = args.work_dir or Path("runs") / "icae-train" / args.out.name
+    comp, report = train_icae(texts, qa, work, config, train, resume=args.resume)
+    trained = report["stage1_steps_done"] + report["stage2_steps_done"] > 0
+    path = comp.save_pretrained(args.out, trained=trained,
+                                training={"data": data, **{k: v for k, v in report.items() if k != "log"}})
+    print(json.dumps({k: v for k, v in report.items() if k != "train_config"}, indent=2))
+    print(f"wrote {path}" + ("" if trained else " (untrained control: \"trained\": false)"))
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     if args.family == "xrag":
         return cmd_train_xrag(args)
+    if args.family == "icae":
+        return cmd_train_icae(args)
     from adapters.training_data import sentinel_records
     from compressor import TokenCounter
     from compressor.models import load_tokenizer

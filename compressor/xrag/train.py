@@ -29,11 +29,11 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..artifacts import read_artifact, write_artifact
+from ..artifacts import read_artifact
 from ..base import TokenCounter
 from ..errors import ConfigError, InputError
 from ..prompt import PromptBuilder
-from ..training import QARecord, Seq, qa_layouts
+from ..training import QARecord, Seq, load_opt_state, qa_layouts, save_checkpoint, trim_log
 from ..training import cosine_lr as _lr
 from ..training import seeded_batch as _batch
 from ..training import target_logits as _target_logits
@@ -97,21 +97,8 @@ def _data_hash(texts: Sequence[str], qa: Sequence[QARecord]) -> str:
 
 
 def _save_checkpoint(path: Path, bridge: Bridge, opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    tensors = {f"bridge.{k}": v.numpy() for k, v in bridge.tensors().items()}
-    steps = {}
-    for i, s in opt.state_dict()["state"].items():
-        tensors[f"opt.{i}.exp_avg"] = s["exp_avg"].float().contiguous().numpy()
-        tensors[f"opt.{i}.exp_avg_sq"] = s["exp_avg_sq"].float().contiguous().numpy()
-        steps[str(i)] = float(s["step"])
-    write_artifact(path, {"type": _CKPT_TYPE, "format_version": _CKPT_VERSION, **state, "adam_steps": steps},
-                   tensors, "xrag training checkpoint (resume with `ragpress train xrag --resume`)\n")
-
-
-def _load_opt_state(opt: torch.optim.Optimizer, t: dict[str, Any], steps: dict[str, float]) -> None:
-    sd = opt.state_dict()
-    sd["state"] = {int(i): {"step": torch.tensor(v), "exp_avg": torch.from_numpy(t[f"opt.{i}.exp_avg"].copy()),
-                            "exp_avg_sq": torch.from_numpy(t[f"opt.{i}.exp_avg_sq"].copy())} for i, v in steps.items()}
-    opt.load_state_dict(sd)
+    save_checkpoint(path, _CKPT_TYPE, _CKPT_VERSION, {f"bridge.{k}": v.numpy() for k, v in bridge.tensors().items()},
+                    opt, state, "xrag training checkpoint (resume with `ragpress train xrag --resume`)\n")
 
 
 def train_xrag(
@@ -171,9 +158,7 @@ def train_xrag(
         log(f"resumed at step {step} of {train.total_steps}")
     elif resume:
         log(f"no checkpoint in {ckpt}: starting from step 0")
-    if log_path.exists():  # drop entries from steps after the checkpoint: they are about to be redone
-        kept = [ln for ln in log_path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] < step]
-        log_path.write_text("".join(ln + "\n" for ln in kept))
+    trim_log(log_path, step)
 
     lay = _Layouts(tok, train, hidden)
     params = list(bridge.parameters())
@@ -190,7 +175,7 @@ def train_xrag(
         if opt_stage != stage:  # a fresh AdamW per stage, restored from the checkpoint when resuming into it
             opt = torch.optim.AdamW(params, lr=0.0, weight_decay=train.weight_decay)
             if t_ckpt is not None and state.get("stage") == stage and state.get("adam_steps"):
-                _load_opt_state(opt, t_ckpt, state["adam_steps"])
+                load_opt_state(opt, t_ckpt, state["adam_steps"])
             opt_stage = stage
         lr = _lr(i, n_stage, train.stage1_lr if stage == 1 else train.stage2_lr, train.warmup_fraction)
         for g in opt.param_groups:

@@ -1,0 +1,408 @@
+"""``icae``: a LoRA-adapted copy of the decoder reads each passage and emits memory slots the frozen decoder
+conditions on.
+
+Paper: Ge et al. 2024, "In-context Autoencoder for Context Compression in a Large Language Model" (ICAE);
+segment-wise summary accumulation after Chevalier et al. 2023 (AutoCompressors).
+
+Encoder: the base model with a LoRA adapter. A passage (in the decoder's tokens) is split into segments of
+at most ``segment_tokens``; after each segment of ``n`` tokens come ``k = ceil(n / ratio)`` learned memory
+rows, and the last-layer hidden states at those positions, times a learned scalar ``slot_scale`` (fitted at
+init so slots have the norm of the decoder's embedding rows), are the segment's ``k`` slots ``[k, hidden]``.
+With ``accumulate`` the slots of earlier segments are prepended to the next segment's input.
+Decoder: the same base model with the adapter switched off, so slots live in its input-embedding space.
+Learned special rows: ``[AE]`` (regenerate the text the slots came from) and ``[LM]`` (continue it), used in
+pretraining and by :meth:`ICAECompressor.reconstruct`; in QA the slots are spliced into the normal prompt.
+
+Shapes: passage of ``n`` tokens -> ``CompressedPassage.embeds`` ``[rows_for(n), hidden]``, fp32; several
+passages are compressed independently (so each can be cached), in input order, titles kept as text.
+
+Trade-off: the ratio is fixed by training (default 4x); compression costs one encoder pass over the passage
+(about one prefill of it), so the speed-up comes from compressing ahead of time: :class:`SlotCache` stores
+slots keyed by (artifact id, passage sha256) and a hit never runs the encoder. Soft rows only work with the
+base model they were trained for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..artifacts import check_base_model, read_artifact, write_artifact
+from ..base import Budget, CompressedPassage, Compressor, Passage, TokenCounter
+from ..errors import ArtifactError, ConfigError, InputError
+from .config import FORMAT_VERSION, SHIPPED_ARTIFACT, ICAEConfig
+
+__all__ = ["ICAEEncoder", "ICAECompressor", "SlotCache", "load_icae"]
+
+_ROW_KEYS = ("memory", "ae_row", "lm_row", "slot_scale")
+
+
+def _lora_config(config: ICAEConfig) -> Any:
+    from peft import LoraConfig
+
+    targets: Any = config.lora_targets
+    if targets != "all-linear":
+        targets = [t.strip() for t in targets.split(",") if t.strip()]
+    return LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0, target_modules=targets,
+                      bias="none", task_type="CAUSAL_LM")
+
+
+class ICAEEncoder(nn.Module):
+    """The trainable part: LoRA adapter (inside ``peft``), memory rows ``[max_slots, hidden]``, the [AE] and
+    [LM] rows and ``slot_scale``. ``model`` (a HF causal LM) is frozen and wrapped in place; with the
+    adapter disabled (:meth:`decoder`) it is the frozen decoder."""
+
+    def __init__(self, model: Any, config: ICAEConfig, seed: int = 0) -> None:
+        super().__init__()
+        from peft import get_peft_model
+
+        model.requires_grad_(False)
+        self.config = config
+        self.peft = get_peft_model(model, _lora_config(config))
+        emb = self.lm.get_input_embeddings()
+        vocab, hidden = emb.weight.shape
+        self.hidden = int(hidden)
+        g = torch.Generator().manual_seed(seed)
+        # Memory and special rows start as random rows of the embedding table (through the module, so an
+        # input scaling such as Gemma's is included): in distribution for the frozen network from step 0.
+        with torch.no_grad():
+            init = emb(torch.randint(0, int(vocab), (config.max_slots + 2,), generator=g)).float()
+        self.memory = nn.Parameter(init[: config.max_slots].clone())
+        self.ae_row = nn.Parameter(init[-2].clone())
+        self.lm_row = nn.Parameter(init[-1].clone())
+        self.slot_scale = nn.Parameter(torch.ones(1))  # shape (1,): what safetensors stores
+
+    @property
+    def lm(self) -> Any:
+        """The HF causal LM with LoRA layers injected (adapter state decides encoder vs decoder)."""
+        return self.peft.base_model.model
+
+    def decoder(self) -> Any:
+        """Context manager: inside it ``self.lm`` is the frozen base decoder."""
+        return self.peft.disable_adapter()
+
+    def encode(self, segments: list[list[int]], prefixes: list[torch.Tensor | None] | None = None) -> list[torch.Tensor]:
+        """Slots ``[slots_for(len(seg)), hidden]`` (fp32) of each token segment, in one left-padded batch.
+        ``prefixes[i]``: rows placed before segment i (earlier slots, for summary accumulation)."""
+        lm = self.lm
+        emb = lm.get_input_embeddings()
+        dev, dt = emb.weight.device, emb.weight.dtype
+        ks = [self.config.slots_for(len(s)) for s in segments]
+        if any(len(s) > self.config.segment_tokens for s in segments):
+            raise ValueError(f"a segment is longer than segment_tokens={self.config.segment_tokens}")
+        seqs = []
+        for i, seg in enumerate(segments):
+            parts = []
+            if prefixes is not None and prefixes[i] is not None and prefixes[i].shape[0]:
+                parts.append(prefixes[i].to(device=dev, dtype=dt))
+            parts.append(emb(torch.tensor(seg, dtype=torch.long, device=dev)))
+            parts.append(self.memory[: ks[i]].to(dt))
+            seqs.append(torch.cat(parts, 0))
+        L = max(int(s.shape[0]) for s in seqs)
+        x = torch.zeros(len(seqs), L, self.hidden, dtype=dt, device=dev)
+        mask = torch.zeros(len(seqs), L, dtype=torch.long, device=dev)
+        for b, s in enumerate(seqs):  # left padding: every sequence ends with its memory rows
+            x[b, L - s.shape[0]:] = s
+            mask[b, L - s.shape[0]:] = 1
+        h = lm.base_model(inputs_embeds=x, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                          use_cache=False).last_hidden_state
+        return [h[b, L - k:].float() * self.slot_scale for b, k in enumerate(ks)]
+
+    def encode_passages(self, token_lists: list[list[int]], batch_size: int = 16) -> list[torch.Tensor]:
+        """Rows ``[rows_for(n), hidden]`` of each passage: its segments' slots, in order. Without accumulation
+        all segments of all passages go through in batches of ``batch_size``; with it, segment j of every
+        passage is encoded after segment j-1, with the earlier slots prepended."""
+        cfg = self.config
+        segs = [[ids[b:e] for b, e in cfg.segments_of(len(ids))] for ids in token_lists]
+        out: list[list[torch.Tensor]] = [[] for _ in token_lists]
+        if not cfg.accumulate:
+            flat = [(p, s) for p, ss in enumerate(segs) for s in ss]
+            for i in range(0, len(flat), batch_size):
+                chunk = flat[i: i + batch_size]
+                for (p, _), slots in zip(chunk, self.encode([s for _, s in chunk]), strict=True):
+                    out[p].append(slots)
+        else:
+            for j in range(max((len(ss) for ss in segs), default=0)):
+                live = [p for p, ss in enumerate(segs) if len(ss) > j]
+                for i in range(0, len(live), batch_size):
+                    chunk = live[i: i + batch_size]
+                    prefixes = [torch.cat(out[p], 0) if out[p] else None for p in chunk]
+                    for p, slots in zip(chunk, self.encode([segs[p][j] for p in chunk], prefixes), strict=True):
+                        out[p].append(slots)
+        return [torch.cat(o, 0) if o else torch.zeros(0, self.hidden) for o in out]
+
+    @torch.no_grad()
+    def calibrate_(self, token_lists: list[list[int]]) -> float:
+        """Set ``slot_scale`` so the mean slot norm equals the mean embedding-row norm of those tokens."""
+        self.slot_scale.fill_(1.0)
+        emb = self.lm.get_input_embeddings()
+        ids = torch.tensor([t for ids in token_lists for t in ids], dtype=torch.long, device=emb.weight.device)
+        target = float(emb(ids).float().norm(dim=-1).mean())
+        with self.decoder():  # the base model's own hidden states (LoRA B is zero at init anyway)
+            slots = torch.cat(self.encode_passages(token_lists), 0)
+        self.slot_scale.fill_(target / max(float(slots.norm(dim=-1).mean()), 1e-12))
+        return float(self.slot_scale)
+
+    def trainable_tensors(self) -> dict[str, torch.Tensor]:
+        """Everything training changes, fp32 and contiguous: ``lora.<peft key>`` and the rows."""
+        from peft import get_peft_model_state_dict
+
+        out = {f"lora.{k}": v.detach().float().contiguous().cpu()
+               for k, v in get_peft_model_state_dict(self.peft).items()}
+        for k in _ROW_KEYS:
+            out[k] = getattr(self, k).detach().float().contiguous().cpu()
+        return out
+
+    def load_trainable(self, tensors: dict[str, Any]) -> None:
+        """Inverse of :meth:`trainable_tensors` (numpy arrays or tensors); every key must be present."""
+        from peft import set_peft_model_state_dict
+
+        t = {k: torch.as_tensor(v.copy() if hasattr(v, "copy") else v) for k, v in tensors.items()}
+        lora = {k[5:]: v for k, v in t.items() if k.startswith("lora.")}
+        want = set(self.trainable_tensors())
+        if set(t) != want:
+            raise ArtifactError(f"encoder tensors differ from this LoRA shape: missing {sorted(want - set(t))[:3]}, "
+                                f"unexpected {sorted(set(t) - want)[:3]}")
+        res = set_peft_model_state_dict(self.peft, lora)
+        if getattr(res, "unexpected_keys", None):
+            raise ArtifactError(f"LoRA tensors do not fit the base model: {res.unexpected_keys[:3]}")
+        with torch.no_grad():
+            for k in _ROW_KEYS:
+                p = getattr(self, k)
+                if t[k].numel() != p.numel() or (p.dim() and tuple(t[k].shape) != tuple(p.shape)):
+                    raise ArtifactError(f"{k} has shape {tuple(t[k].shape)}, expected {tuple(p.shape)}")
+                p.copy_(t[k].reshape(p.shape))  # safetensors stores a scalar as shape (1,)
+
+
+class SlotCache:
+    """Slots on disk, one safetensors file per (artifact id, passage sha256). Writes go to a temporary file in
+    the same folder and are moved into place with ``os.replace``, so readers see a whole file or none."""
+
+    def __init__(self, root: str | Path, artifact_id: str) -> None:
+        self.dir = Path(root) / artifact_id
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def key(text: str) -> str:
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+    def path(self, text: str) -> Path:
+        k = self.key(text)
+        return self.dir / k[:2] / f"{k}.safetensors"
+
+    def get(self, text: str) -> torch.Tensor | None:
+        from safetensors.torch import load_file
+
+        p = self.path(text)
+        if not p.is_file():
+            self.misses += 1
+            return None
+        self.hits += 1
+        return load_file(str(p))["slots"]
+
+    def put(self, text: str, slots: torch.Tensor) -> Path:
+        from safetensors.torch import save_file
+
+        p = self.path(text)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".tmp-", suffix=".safetensors")
+        os.close(fd)
+        try:
+            save_file({"slots": slots.detach().float().contiguous().cpu()}, tmp)
+            os.replace(tmp, p)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return p
+
+
+class ICAECompressor(Compressor):
+    """Soft compressor: memory slots per passage segment. Build with :meth:`from_pretrained` (a trained
+    artifact) or from an :class:`ICAEEncoder` (training, tests)."""
+
+    name = "icae"
+    kind = "soft"
+
+    def __init__(self, counter: TokenCounter, encoder: ICAEEncoder, tokenizer: Any,
+                 manifest: dict[str, Any] | None = None, artifact_id: str = "unsaved") -> None:
+        super().__init__(counter)
+        self.encoder, self.tokenizer, self.manifest = encoder.eval(), tokenizer, manifest or {}
+        self.config = encoder.config
+        self.artifact_id = artifact_id
+        self.cache = SlotCache(self.config.cache_dir, self._cache_id()) if self.config.cache_dir else None
+        self.encoded_passages = 0
+
+    @property
+    def trained(self) -> bool:
+        return bool(self.manifest.get("trained", False))
+
+    def _cache_id(self) -> str:
+        key = json.dumps([self.artifact_id, self.config.encoding_key()], sort_keys=True)
+        return hashlib.sha256(key.encode()).hexdigest()[:24]
+
+    def _tokens(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    @torch.no_grad()
+    def passage_slots(self, texts: list[str]) -> list[torch.Tensor]:
+        """Rows of each passage text: from the cache where present, the rest encoded now (and stored)."""
+        out: list[torch.Tensor | None] = [self.cache.get(t) if self.cache else None for t in texts]
+        miss = [i for i, o in enumerate(out) if o is None]
+        if miss:
+            fresh = self.encoder.encode_passages([self._tokens(texts[i]) for i in miss], self.config.encode_batch_size)
+            self.encoded_passages += len(miss)
+            for i, rows in zip(miss, fresh, strict=True):
+                out[i] = rows
+                if self.cache:
+                    self.cache.put(texts[i], rows)
+        return out  # type: ignore[return-value]
+
+    def _compress(self, query: str, passages: list[Passage], budget: Budget) -> list[CompressedPassage]:
+        n_in = [len(self._tokens(p.text)) for p in passages]
+        n_out = [self.config.rows_for(n) for n in n_in]
+        cap = budget.max_tokens(sum(n_in))
+        if cap is not None and sum(n_out) > cap:
+            raise InputError(
+                f"icae compresses {self.config.ratio:g}x in segments of {self.config.segment_tokens} tokens: these "
+                f"{sum(n_in)} tokens become {sum(n_out)} slots, over the budget of {cap}; ask for ratio <= "
+                f"{sum(n_in) / sum(n_out):.2f} or target_tokens >= {sum(n_out)}, or use a text filter for more")
+        rows = self.passage_slots([p.text for p in passages])
+        return [CompressedPassage(index=i, title=p.title, embeds=rows[i], tokens_in=n_in[i], tokens_out=n_out[i])
+                for i, p in enumerate(passages)]
+
+    @torch.no_grad()
+    def reconstruct(self, text: str, max_new_tokens: int | None = None) -> str:
+        """Autoencoding check: the frozen decoder regenerates ``text`` from its slots and the [AE] row,
+        greedily, segment by segment; the pieces are joined."""
+        enc = self.encoder
+        ids = self._tokens(text)
+        segs = [ids[b:e] for b, e in self.config.segments_of(len(ids))]
+        pieces = []
+        eos = self.tokenizer.eos_token_id
+        for seg, slots in zip(segs, _per_segment(enc, segs, self.config), strict=True):
+            x = torch.cat([slots, enc.ae_row[None].float()], 0)
+            with enc.decoder():
+                out = _greedy(enc.lm, x, max_new_tokens or len(seg) + 8, eos)
+            pieces.append(self.tokenizer.decode(out, skip_special_tokens=True))
+        return "".join(pieces)
+
+    # -- artifact ---------------------------------------------------------------------------------------
+    def save_pretrained(self, directory: str | Path, trained: bool, training: dict[str, Any] | None = None,
+                        scores: dict[str, Any] | None = None) -> Path:
+        """Write the adapter and rows as a self-describing artifact. ``trained`` False marks a control."""
+        from .. import __version__
+        from ..models import model_fingerprint, model_id
+
+        cfg = {
+            "type": "icae",
+            "format_version": FORMAT_VERSION,
+            "library_version": __version__,
+            "trained": bool(trained),
+            "base": {"id": model_id(self.config.base), "sha256": model_fingerprint(self.config.base),
+                     "hidden_size": self.encoder.hidden},
+            "config": self.config.model_dump(exclude={"base", "cache_dir", "encode_batch_size"}),
+            "slot_scale_init": self.manifest.get("slot_scale_init"),
+            "training": training if training is not None else self.manifest.get("training"),
+            "scores": scores if scores is not None else self.manifest.get("scores"),
+        }
+        tensors = {k: v.numpy() for k, v in self.encoder.trainable_tensors().items()}
+        self.manifest = cfg
+        return write_artifact(directory, cfg, tensors, _card(cfg, tensors))
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, counter: TokenCounter | None = None, base: str | None = None,
+                        allow_untrained: bool = False, dtype: str = "bfloat16", **overrides: Any) -> ICAECompressor:
+        """Load an encoder. ``base`` defaults to the named model it was trained on; a model with other weights
+        (by sha256) is refused. An untrained control needs ``allow_untrained=True``."""
+        from ..models import NAMED_MODELS, load_causal_lm, model_fingerprint
+
+        cfg, t = read_artifact(directory, "icae", FORMAT_VERSION)
+        if not cfg.get("trained") and not allow_untrained:
+            raise ArtifactError(f"artifact {directory} holds an untrained encoder (a control, \"trained\": false); "
+                                "load it explicitly (`--artifact PATH`, allow_untrained=True) or train one")
+        trained_id = (cfg.get("base") or {}).get("id")
+        name = base or (trained_id if trained_id in NAMED_MODELS else None)
+        if name is None:
+            raise ConfigError(f"artifact {directory} was trained on a local base folder {trained_id!r}: pass base=PATH")
+        check_base_model(cfg, "base", name, model_fingerprint(name))
+        fixed = set(cfg["config"]) & set(overrides)
+        if fixed:
+            raise ConfigError(f"{sorted(fixed)} are fixed by the trained encoder; retrain to change them")
+        config = ICAEConfig(**{**cfg["config"], **overrides, "base": name})
+        model, tok = load_causal_lm(name, dtype=dtype)
+        enc = ICAEEncoder(model, config)
+        enc.load_trainable(t)
+        h = hashlib.sha256()
+        for k in sorted(t):
+            h.update(k.encode())
+            h.update(t[k].tobytes())
+        return cls(counter or TokenCounter.from_tokenizer(tok), enc, tok, manifest=cfg, artifact_id=h.hexdigest()[:32])
+
+
+def _per_segment(enc: ICAEEncoder, segs: list[list[int]], cfg: ICAEConfig) -> list[torch.Tensor]:
+    """Slots of each segment of one passage (accumulating when configured)."""
+    if not cfg.accumulate:
+        return enc.encode(segs) if segs else []
+    out: list[torch.Tensor] = []
+    for s in segs:
+        out += enc.encode([s], [torch.cat(out, 0) if out else None])
+    return out
+
+
+def _greedy(lm: Any, rows: torch.Tensor, max_new_tokens: int, eos: int | None) -> list[int]:
+    """Greedy decoding from input rows ``[n, hidden]`` with a KV cache; stops at ``eos``."""
+    emb = lm.get_input_embeddings()
+    x = rows.to(dtype=emb.weight.dtype, device=emb.weight.device)[None]
+    out = lm(inputs_embeds=x, use_cache=True)
+    past, ids = out.past_key_values, []
+    for _ in range(max_new_tokens):
+        nxt = int(out.logits[0, -1].argmax())
+        if eos is not None and nxt == eos:
+            break
+        ids.append(nxt)
+        out = lm(input_ids=torch.tensor([[nxt]], device=x.device), past_key_values=past, use_cache=True)
+        past = out.past_key_values
+    return ids
+
+
+def load_icae(counter: TokenCounter, artifact: str | Path | None = None, decoder: str | None = None,
+              **options: Any) -> ICAECompressor:
+    """The shipped encoder (``artifact`` None; it must be trained) or an explicitly chosen artifact folder,
+    which may be an untrained control. ``decoder`` is the base model (the decoder must be the base)."""
+    if artifact is None:
+        if not SHIPPED_ARTIFACT.is_dir():
+            raise ArtifactError(f"no shipped icae encoder at {SHIPPED_ARTIFACT}; train one with `ragpress train icae "
+                                "--out DIR` and pass `--artifact DIR`")
+        return ICAECompressor.from_pretrained(SHIPPED_ARTIFACT, counter, base=decoder, **options)
+    return ICAECompressor.from_pretrained(artifact, counter, base=decoder, allow_untrained=True, **options)
+
+
+def _card(cfg: dict[str, Any], tensors: dict[str, Any]) -> str:
+    c, tr = cfg["config"], cfg.get("training") or {}
+    n = sum(int(v.size) for v in tensors.values())
+    lines = [
+        "# icae encoder" + ("" if cfg["trained"] else " (UNTRAINED CONTROL)"),
+        "",
+        "In-context autoencoder (Ge et al. 2024): a LoRA-adapted copy of the base model turns each segment of",
+        f"{c['segment_tokens']} tokens into ceil(n / {c['ratio']:g}) memory slots; the base model with the adapter "
+        "off is the decoder.",
+        "",
+        f"Base = decoder: `{cfg['base']['id']}` (sha256 `{cfg['base']['sha256']}`), hidden {cfg['base']['hidden_size']}.",
+        f"LoRA r={c['lora_r']} alpha={c['lora_alpha']} on {c['lora_targets']}; accumulate={c['accumulate']}; "
+        f"{n:,} trained parameters.",
+        f"Trained: {'yes' if cfg['trained'] else 'no: random memory rows, zero LoRA, for use as a labelled control only'}.",
+        "Training data: " + json.dumps(tr.get("data", "")),
+        f"Steps: stage 1 {tr.get('stage1_steps_done', 0)}, stage 2 {tr.get('stage2_steps_done', 0)}.",
+        "",
+    ]
+    lines += [f"- {k}: {v}" for k, v in (cfg.get("scores") or {}).items() if not isinstance(v, (dict, list))]
+    lines += ["", "Reproduce with `ragpress train icae`.", ""]
+    return "\n".join(lines)
