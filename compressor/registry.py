@@ -34,10 +34,13 @@ class CompressorSpec:
     factory: Callable[..., Compressor]
     kind: Literal["text", "soft"]
     description: str
+    fixed_ratio: bool = False  # the ratio is set by training (soft families): benchmarks run it once, unbudgeted
+    cacheable: bool = False  # accepts ``cache_dir``: compressed passages are stored and reused
 
 
 def register_compressor(
-    name: str, factory: Callable[..., Compressor], *, kind: Literal["text", "soft"], description: str
+    name: str, factory: Callable[..., Compressor], *, kind: Literal["text", "soft"], description: str,
+    fixed_ratio: bool = False, cacheable: bool = False,
 ) -> CompressorSpec:
     """Register a family under ``name``. Rejects bad names and duplicates."""
     if not isinstance(name, str) or not _NAME_RE.match(name):
@@ -49,7 +52,8 @@ def register_compressor(
         raise ConfigError(f"compressor {name!r} is already registered; pick another name")
     if kind not in ("text", "soft"):
         raise ConfigError(f"compressor kind {kind!r} is invalid: use 'text' or 'soft'")
-    spec = CompressorSpec(name=name, factory=factory, kind=kind, description=description)
+    spec = CompressorSpec(name=name, factory=factory, kind=kind, description=description, fixed_ratio=fixed_ratio,
+                          cacheable=cacheable)
     _REGISTRY[name] = spec
     return spec
 

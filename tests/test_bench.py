@@ -41,3 +41,39 @@ def test_dataset_labels(tmp_path):
     assert s.kind == "squad" and s.distractors == 9 and s.unanswerable
     with pytest.raises(InputError):
         parse_dataset_label("nq-x", tmp_path)
+
+
+def test_fixed_ratio_soft_method_runs_once_and_from_a_filled_cache(tmp_path, tiny_model_dir, smol_tokenizer):
+    """A cacheable soft family (a tiny ICAE encoder) runs once per dataset, unbudgeted; ``NAME@cache`` reads
+    slots the bench stored before timing, so it never encodes during the timed run."""
+    from compressor import ConfigError
+    from compressor.icae import ICAECompressor, ICAEConfig, ICAEEncoder
+    from compressor.models import load_causal_lm
+    from compressor.registry import _REGISTRY, register_compressor
+
+    built = []
+
+    def make(counter, cache_dir=None):
+        cfg = ICAEConfig(base=str(tiny_model_dir), segment_tokens=16, lora_r=2, cache_dir=cache_dir)
+        built.append(ICAECompressor(counter, ICAEEncoder(load_causal_lm(tiny_model_dir, "float32")[0], cfg),
+                                    smol_tokenizer))
+        return built[-1]
+
+    register_compressor("toy_soft", make, kind="soft", description="test", fixed_ratio=True, cacheable=True)
+    try:
+        with pytest.raises(ConfigError, match="no compressed-passage cache"):
+            run_bench(BenchConfig(datasets=[], methods=["bm25@cache"], out_dir=tmp_path), progress=False)
+        data = tmp_path / "d.jsonl"
+        data.write_text("\n".join(json.dumps({"id": f"q{i}", "question": f"Who wrote Hamlet {i}?", "passages": PASSAGES,
+                                              "answers": ["William Shakespeare"]}) for i in range(2)) + "\n")
+        cfg = BenchConfig(datasets=[DatasetSpec(label="toy", kind="jsonl", path=data)],
+                          methods=["toy_soft", "toy_soft@cache"], ratios=[2.0, 3.0], decoders=[str(tiny_model_dir)],
+                          limit=2, max_new_tokens=2, out_dir=tmp_path / "bench")
+        rows = run_bench(cfg, progress=False, log=lambda s: None)
+        assert {(r["method"], r["ratio_requested"]) for r in rows} == {("toy_soft", None), ("toy_soft@cache", None)}
+        assert all(r["ratio"] > 2.0 for r in rows)
+        plain, cached = built
+        assert plain.cache is None and plain.encoded_passages == 4
+        assert cached.encoded_passages == 2 and cached.cache.hits == 6  # fill: 2 misses + 2 hits; timed: 4 hits
+    finally:
+        _REGISTRY.pop("toy_soft", None)

@@ -40,4 +40,5 @@ def _make(counter: TokenCounter, artifact: str | None = None, **options: Any) ->
 
 if SHIPPED_ARTIFACT.is_dir():
     register_compressor("xrag", _make, kind="soft",
-                        description="xRAG bridge: one soft row per passage from its MiniLM embedding (trained)")
+                        description="xRAG bridge: one soft row per passage from its MiniLM embedding (trained)",
+                        fixed_ratio=True)
