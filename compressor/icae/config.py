@@ -25,7 +25,7 @@ class ICAEConfig(BaseModel):
     base: str = Field(default="smollm2-135m-instruct", description="Base = frozen decoder: named model or HF folder.")
     ratio: float = Field(default=4.0, ge=1.0, le=256.0,
                          description="Segment tokens per memory slot: a segment of n tokens gives ceil(n / ratio) slots.")
-    segment_tokens: int = Field(default=128, ge=4, le=8192,
+    segment_tokens: int = Field(default=64, ge=4, le=8192,
                                 description="Longest segment the encoder reads at once; longer passages are split.")
     accumulate: bool = Field(
         default=False,
@@ -74,19 +74,19 @@ class ICAETrainConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    stage1_steps: int = Field(default=1000, ge=0, le=10_000_000, description="Pretraining steps (AE + LM).")
-    stage2_steps: int = Field(default=300, ge=0, le=10_000_000, description="QA fine-tuning steps.")
+    stage1_steps: int = Field(default=1400, ge=0, le=10_000_000, description="Pretraining steps (AE + LM).")
+    stage2_steps: int = Field(default=200, ge=0, le=10_000_000, description="QA fine-tuning steps.")
     batch_size: int = Field(default=4, ge=1, le=4096, description="Examples per optimiser step.")
     stage1_lr: float = Field(default=5e-4, gt=0.0, le=1.0, description="Peak AdamW learning rate, stage 1.")
     stage2_lr: float = Field(default=2e-4, gt=0.0, le=1.0, description="Peak AdamW learning rate, stage 2.")
     weight_decay: float = Field(default=0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
     warmup_fraction: float = Field(default=0.03, ge=0.0, le=0.5, description="Share of a stage spent warming up.")
     grad_clip: float = Field(default=1.0, gt=0.0, le=1000.0, description="Gradient-norm clip.")
-    lm_fraction: float = Field(default=0.5, ge=0.0, le=1.0,
+    lm_fraction: float = Field(default=0.25, ge=0.0, le=1.0,
                                description="Stage 1: share of examples trained on continuation instead of autoencoding.")
     lm_tokens: int = Field(default=64, ge=1, le=4096, description="Stage 1: continuation tokens predicted at most.")
     curriculum_start_tokens: int = Field(default=32, ge=4, le=8192, description="Stage 1: first segment length.")
-    curriculum_fraction: float = Field(default=0.5, ge=0.0, le=1.0,
+    curriculum_fraction: float = Field(default=0.3, ge=0.0, le=1.0,
                                        description="Stage 1: share of steps over which segments grow to full length.")
     kl_weight: float = Field(default=1.0, ge=0.0, le=100.0, description="Stage 2: weight of the KL to the text teacher.")
     kl_temperature: float = Field(default=1.0, gt=0.0, le=20.0, description="Softmax temperature of the KL.")

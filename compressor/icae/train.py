@@ -10,7 +10,7 @@ Ge et al. 2024 (ICAE) train a LoRA adapter and the memory-token embeddings; the 
    slots spliced in -> answer; NLL + ``kl_weight`` x KL(teacher || student), the teacher being the frozen
    decoder reading the passages as text in the same prompt.
 
-Gradients reach the LoRA weights, the memory rows, the [AE]/[LM] rows and ``slot_scale`` through the frozen
+Gradients reach the LoRA weights, the memory rows, the [AE]/[LM] rows and ``slot_proj`` through the frozen
 decoder. Data order and task choice are functions of (seed, stage, step, position), so ``resume`` redoes
 exactly the batches it would have done; checkpoints (every ``checkpoint_every`` steps) are safetensors + JSON.
 """
@@ -99,7 +99,7 @@ def train_icae(
     enc_tokens = [enc_tokens[i] for i in keep]
     scale0 = enc.calibrate_([t[: config.segment_tokens] for t in enc_tokens[:64]] or [[0] * 8])
     log(f"stage-1 passages: {len(enc_tokens)} (of {len(texts)}; under {_MIN_TOKENS} tokens dropped); "
-        f"slot_scale init {scale0:.4f}")
+        f"raw slot norm {scale0:.3f} before slot_proj")
     identity = {"base_sha256": model_fingerprint(config.base), "config": config.model_dump(exclude={"cache_dir",
                 "encode_batch_size"}), "train": train.resume_key(), "data_sha256": _data_hash(texts, qa)}
     step, t_ckpt, state = 0, None, {}
@@ -190,7 +190,7 @@ def train_icae(
         rec = {"step": step - 1, "stage": stage, "tasks": tasks, "loss": round(loss_v, 5),
                "nll": round(float(nll.detach()), 5), "kl": round(float(kl.detach()), 5), "lr": lr, "s": round(dt, 3),
                "cpu_s": round(cpu, 3), "target_tokens": int(labels.numel()),
-               "slot_scale": round(float(enc.slot_scale.detach()), 5)}
+               "slot_norm": round(float(torch.cat(rows if stage == 1 else [rows], 0).detach().norm(dim=-1).mean()), 4)}
         if stage == 1:
             rec["segment_cap"] = cap
         with open(log_path, "a") as f:
@@ -198,18 +198,18 @@ def train_icae(
         bar.update(1)
         bar.set_postfix(stage=stage, loss=f"{loss_v:.3f}")
         if step % train.checkpoint_every == 0 or step == train.total_steps:
-            state = {"step": step, "stage": stage, "identity": identity, "slot_scale_init": scale0}
+            state = {"step": step, "stage": stage, "identity": identity, "raw_slot_norm": scale0}
             save_checkpoint(ckpt, _CKPT_TYPE, _CKPT_VERSION,
                             {k: v.numpy() for k, v in enc.trainable_tensors().items()}, opt, state,
                             "icae training checkpoint (resume with `ragpress train icae --resume`)\n")
             t_ckpt = None
     bar.close()
     enc.eval()
-    comp = ICAECompressor(TokenCounter.from_tokenizer(tok), enc, tok, manifest={"slot_scale_init": round(scale0, 5)})
+    comp = ICAECompressor(TokenCounter.from_tokenizer(tok), enc, tok, manifest={"raw_slot_norm": round(scale0, 5)})
     report: dict[str, Any] = {
         "stage1_steps_done": min(step, train.stage1_steps), "stage2_steps_done": max(0, step - train.stage1_steps),
         "train_config": train.model_dump(), "n_stage1_passages": len(enc_tokens), "n_stage2_records": len(qa),
-        "slot_scale_init": round(scale0, 5), "log": str(log_path)}
+        "raw_slot_norm": round(scale0, 5), "log": str(log_path)}
     for s in (1, 2):
         h = history[s]
         if h:
