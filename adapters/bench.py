@@ -244,13 +244,22 @@ def _plots(rows: list[dict[str, Any]], out: Path) -> None:
 
 
 def write_benchmarks_md(rows: list[dict[str, Any]], cfg: BenchConfig, command: str, path: Path,
-                        notes: str = "") -> Path:
-    """BENCHMARKS.md: the latest table, the plots, the exact command, the machine and the date."""
+                        notes: str = "", publish: Path | None = None) -> Path:
+    """BENCHMARKS.md: the latest table, the plots, the exact command, the machine and the date. ``publish``:
+    a folder (committed) that receives copies of the run's outputs, so the plot links work in a clone."""
     import datetime
     import os
     import platform
+    import shutil
 
-    plots = sorted(p.name for p in cfg.out_dir.glob("*.png"))
+    src = cfg.out_dir
+    if publish is not None:
+        publish.mkdir(parents=True, exist_ok=True)
+        for f in ["samples.jsonl", "summary.json", "table.md", "config.json", *(p.name for p in src.glob("*.png"))]:
+            if (src / f).exists():
+                shutil.copyfile(src / f, publish / f)
+    where = publish if publish is not None else src
+    plots = sorted(p.name for p in where.glob("*.png"))
     lines = [
         "# Benchmarks",
         "",
@@ -267,7 +276,7 @@ def write_benchmarks_md(rows: list[dict[str, Any]], cfg: BenchConfig, command: s
         markdown_table(rows),
         "",
     ]
-    lines += [f"![{p}]({cfg.out_dir.as_posix()}/{p})" for p in plots]
+    lines += [f"![{p}]({where.as_posix()}/{p})" for p in plots]
     path.write_text("\n".join(lines) + "\n")
     return path
 

@@ -2,10 +2,10 @@
 registry by name, and the families behind it."""
 
 from . import filters as _filters  # noqa: F401  (registers bm25 / minilm)
+from . import icae as _icae  # noqa: F401  (registers icae when its trained encoder ships)
 from . import longllmlingua as _longllmlingua  # noqa: F401  (registers the outside peer)
 from . import reference as _reference  # noqa: F401  (registers none / no_context / oracle)
 from . import sentinel as _sentinel  # noqa: F401  (registers sentinel)
-from . import icae as _icae  # noqa: F401  (registers icae when its trained encoder ships)
 from . import xrag as _xrag  # noqa: F401  (registers xrag when its trained bridge ships)
 from .base import Budget, CompressedContext, CompressedPassage, Compressor, Passage, TokenCounter
 from .errors import (

@@ -7,9 +7,12 @@ done without the interruption.
 
 from __future__ import annotations
 
+import json
 import math
 import random
-from collections.abc import Sequence
+import statistics
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,10 +21,11 @@ import torch
 
 from .artifacts import write_artifact
 from .base import CompressedContext, CompressedPassage, Passage
+from .errors import ConfigError
 from .prompt import PromptBuilder
 
 __all__ = ["Seq", "QARecord", "qa_layouts", "answer_ids", "target_logits", "seeded_batch", "cosine_lr",
-           "save_checkpoint", "load_opt_state", "trim_log"]
+           "save_checkpoint", "load_opt_state", "trim_log", "StagedRun"]
 
 
 @dataclass
@@ -151,8 +155,112 @@ def load_opt_state(opt: torch.optim.Optimizer, t: dict[str, Any], steps: dict[st
 
 def trim_log(log_path: Path, step: int) -> None:
     """Drop log lines of steps at or after ``step`` (they are about to be redone after a resume)."""
-    import json
-
     if log_path.exists():
         kept = [ln for ln in log_path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] < step]
         log_path.write_text("".join(ln + "\n" for ln in kept))
+
+
+class StagedRun:
+    """The resumable two-stage optimisation loop of the trained soft families.
+
+    ``train`` is the family's train config (``stage1_steps``, ``stage2_steps``, ``stage{1,2}_lr``,
+    ``warmup_fraction``, ``weight_decay``, ``grad_clip``, ``checkpoint_every``). A fresh AdamW per stage, LR by
+    :func:`cosine_lr` within the stage, gradient clipping, one JSON line a step in ``train_log.jsonl``, and a
+    checkpoint (trainable tensors + AdamW moments + ``identity``) every ``checkpoint_every`` steps. Resuming
+    refuses a checkpoint whose ``identity`` (settings, data and model hashes) differs."""
+
+    def __init__(self, work_dir: str | Path, kind: str, train: Any, identity: dict[str, Any], resume: bool,
+                 command: str, log: Callable[[str], None] = print) -> None:
+        self.work, self.kind, self.train, self.identity, self.log = Path(work_dir), kind, train, identity, log
+        self.ckpt, self.log_path = self.work / "checkpoint", self.work / "train_log.jsonl"
+        self.resume, self.command = resume, command
+        self.step = 0
+        self._state: dict[str, Any] = {}
+        self._t: dict[str, Any] | None = None
+
+    def check_fresh(self) -> None:
+        """Refuse to overwrite a checkpoint unless resuming (call before any slow set-up)."""
+        if (self.ckpt / "compressor_config.json").exists() and not self.resume:
+            raise ConfigError(f"{self.ckpt} holds a checkpoint; pass --resume to continue it or choose another "
+                              "--work-dir")
+        self.work.mkdir(parents=True, exist_ok=True)
+
+    def restore(self, load: Callable[[dict[str, Any]], None]) -> int:
+        """Load the checkpoint's trainable tensors through ``load`` when resuming; return the step to run next."""
+        from .artifacts import read_artifact
+
+        if self.resume and (self.ckpt / "compressor_config.json").exists():
+            self._state, self._t = read_artifact(self.ckpt, self.kind, 1)
+            diff = sorted(k for k in self.identity if self._state.get("identity", {}).get(k) != self.identity[k])
+            if diff:
+                raise ConfigError(f"cannot resume {self.ckpt}: {diff} differ from the checkpoint; use the same "
+                                  "settings and data, or start a new --work-dir")
+            load({k: v for k, v in self._t.items() if not k.startswith("opt.")})
+            self.step = int(self._state["step"])
+            self.log(f"resumed at step {self.step} of {self.train.total_steps}")
+        elif self.resume:
+            self.log(f"no checkpoint in {self.ckpt}: starting from step 0")
+        trim_log(self.log_path, self.step)
+        return self.step
+
+    def run(self, params: list[torch.nn.Parameter],
+            step_fn: Callable[[int, int], tuple[torch.Tensor, dict[str, Any]]],
+            tensors: Callable[[], dict[str, Any]], state: dict[str, Any], progress: bool = True,
+            desc: str = "train") -> dict[str, Any]:
+        """Run the remaining steps. ``step_fn(stage, i)`` (``i`` counts within the stage) returns the loss and
+        extra log fields; ``tensors()`` the trainable tensors (numpy) to checkpoint; ``state`` extra JSON to
+        store with them. Returns the report: steps done per stage, first/last loss, median seconds a step."""
+        from tqdm.auto import tqdm
+
+        tr = self.train
+        opt: torch.optim.Optimizer | None = None
+        opt_stage = None
+        history: dict[int, list[float]] = {1: [], 2: []}
+        secs: dict[int, list[float]] = {1: [], 2: []}
+        bar = tqdm(total=tr.total_steps, initial=self.step, desc=desc, disable=not progress)
+        while self.step < tr.total_steps:
+            stage = 1 if self.step < tr.stage1_steps else 2
+            i = self.step if stage == 1 else self.step - tr.stage1_steps
+            if opt_stage != stage:  # a fresh AdamW per stage, restored from the checkpoint when resuming into it
+                opt = torch.optim.AdamW(params, lr=0.0, weight_decay=tr.weight_decay)
+                if self._t is not None and self._state.get("stage") == stage and self._state.get("adam_steps"):
+                    load_opt_state(opt, self._t, self._state["adam_steps"])
+                opt_stage = stage
+            lr = cosine_lr(i, tr.stage1_steps if stage == 1 else tr.stage2_steps,
+                           tr.stage1_lr if stage == 1 else tr.stage2_lr, tr.warmup_fraction)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            ts, tc = time.perf_counter(), time.process_time()
+            loss, extra = step_fn(stage, i)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, tr.grad_clip)
+            opt.step()
+            dt, cpu = time.perf_counter() - ts, time.process_time() - tc
+            self.step += 1
+            loss_v = float(loss.detach())
+            history[stage].append(loss_v)
+            secs[stage].append(dt)
+            rec = {"step": self.step - 1, "stage": stage, "loss": round(loss_v, 5), **extra, "lr": lr,
+                   "s": round(dt, 3), "cpu_s": round(cpu, 3)}
+            with open(self.log_path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            bar.update(1)
+            bar.set_postfix(stage=stage, loss=f"{loss_v:.3f}")
+            if self.step % tr.checkpoint_every == 0 or self.step == tr.total_steps:
+                self._state = {"step": self.step, "stage": stage, "identity": self.identity, **state}
+                save_checkpoint(self.ckpt, self.kind, 1, tensors(), opt, self._state,
+                                f"{self.kind} (resume with `{self.command} --resume`)\n")
+                self._t = None
+        bar.close()
+        report: dict[str, Any] = {"stage1_steps_done": min(self.step, tr.stage1_steps),
+                                  "stage2_steps_done": max(0, self.step - tr.stage1_steps),
+                                  "train_config": tr.model_dump(), "log": str(self.log_path)}
+        for s in (1, 2):
+            h = history[s]
+            if h:
+                k = max(1, len(h) // 10)
+                report[f"stage{s}_loss_first"] = round(sum(h[:k]) / k, 4)
+                report[f"stage{s}_loss_last"] = round(sum(h[-k:]) / k, 4)
+                report[f"stage{s}_s_per_step_median"] = round(statistics.median(secs[s]), 3)
+        return report

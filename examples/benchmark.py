@@ -15,8 +15,23 @@ from pathlib import Path
 from adapters.bench import BenchConfig, run_bench, summarize_bench, write_benchmarks_md
 from serving.cli import build_parser, parse_dataset_label
 
-NOTES = """Timing columns come from one process on a 2-core machine that was at times shared with other jobs;
-read them side by side within a row group, not as absolute latencies."""
+NOTES = """Timing columns come from a 2-core machine that was at times shared with other jobs, and the grid is
+resumable (rows added by a later run of the same command keep the earlier rows): read timings side by side
+within a row group, not as absolute latencies.
+
+Methods. `none`: full context; `no_context`: the question alone; `oracle`: only the sentences (HotpotQA
+supporting facts) or passages (NQ gold) that the data marks as evidence. `bm25`, `minilm`: sentence filters
+(query-aware ranking, kept in original order, budget in decoder tokens). `sentinel`: the trained attention probe on
+SmolLM2. `icae` (when its trained encoder ships): memory slots at the encoder's fixed 4x, each passage compressed
+on its own, at query time; `icae@cache`: the same slots read from the slot cache, which the bench fills before
+the timed run (index-time compression). `longllmlingua`: the outside peer, LongLLMLingua from `llmlingua==0.2.2`
+with SmolLM2 as its scorer (question-aware coarse passage ranking + fine token pruning, its default settings
+for `rate = 1 / ratio`), run fully offline. Adaptations, none of which changes its algorithm (see
+`compressor/longllmlingua/compat.py`): the tiktoken file it fetches at start-up is replaced by a local counter
+in the decoder's tokens (it only reports sizes); transformers 5 takes `Cache` objects where llmlingua passes and
+slices legacy key/value tuples, so the scorer is wrapped to convert both ways (same tensors, same logits); its
+output is hard-capped to the budget in decoder tokens, as every method is (`ragpress eval` reports how often that
+cap trimmed: `trimmed_calls`, `trimmed_tokens`)."""
 
 
 def main(argv: list[str]) -> int:
@@ -27,7 +42,7 @@ def main(argv: list[str]) -> int:
     samples = cfg.out_dir / "samples.jsonl"
     rows = summarize_bench(samples, cfg) if "--summarize-only" in sys.argv else run_bench(cfg)
     cmd = "python examples/benchmark.py " + " ".join(shlex.quote(a) for a in argv)
-    write_benchmarks_md(rows, cfg, cmd, Path("BENCHMARKS.md"), NOTES)
+    write_benchmarks_md(rows, cfg, cmd, Path("BENCHMARKS.md"), NOTES, publish=Path("benchmarks"))
     print("wrote BENCHMARKS.md")
     return 0
 

@@ -21,7 +21,7 @@ from adapters.backends import GenerationParams
 from adapters.datasets import load_dataset
 from adapters.metrics import f1_score
 from adapters.vllm_backend import VLLMBackend, measure_throughput
-from compressor import Budget, PromptBuilder, RagpressError, TokenCounter, get_compressor
+from compressor import Budget, PromptBuilder, RagpressError, TokenCounter, get_compressor, get_spec
 from compressor.models import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,8 +31,9 @@ DATA = REPO.parent / "shared" / "data" / "hotpotqa_train" / "hotpotqa_train_a.js
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=50)
-    ap.add_argument("--methods", nargs="+", default=["none", "bm25", "sentinel"])
-    ap.add_argument("--ratio", type=float, default=5.0, help="compression ratio for every method but none")
+    ap.add_argument("--methods", nargs="+", default=["none", "bm25", "sentinel", "icae"])
+    ap.add_argument("--ratio", type=float, default=5.0,
+                    help="compression ratio for every method but none and fixed-ratio soft ones (icae: its 4x)")
     ap.add_argument("--decoder", default="smollm2-135m-instruct")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "bench" / "vllm_throughput.json")
@@ -46,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
 
     batches = {}
     for name in args.methods:
-        budget = None if name in ("none", "no_context") else Budget(ratio=args.ratio)
         try:
+            fixed = name in ("none", "no_context") or get_spec(name).fixed_ratio  # e.g. icae: trained at 4x
+            budget = None if fixed else Budget(ratio=args.ratio)
             comp = get_compressor(name, counter=counter)
         except (RagpressError, OSError) as e:
             print(f"skipping {name}: it does not load here ({type(e).__name__}: {e})", file=sys.stderr)

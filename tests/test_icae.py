@@ -23,7 +23,14 @@ from compressor import (
     PromptBuilder,
     available_compressors,
 )
-from compressor.icae import SHIPPED_ARTIFACT, ICAECompressor, ICAEConfig, ICAEEncoder, ICAETrainConfig, SlotCache
+from compressor.icae import (
+    SHIPPED_ARTIFACT,
+    ICAECompressor,
+    ICAEConfig,
+    ICAEEncoder,
+    ICAETrainConfig,
+    SlotCache,
+)
 from compressor.icae.train import pretrain_example, train_icae
 from compressor.prompt import embed_prompt
 from compressor.training import QARecord
@@ -230,7 +237,7 @@ def test_training_checkpoints_resumes_exactly_and_learns(tiny_model_dir, tmp_pat
     with pytest.raises(ConfigError, match="--resume"):
         _train(tiny_model_dir, tmp_path / "a")
 
-    from compressor.icae import train as T
+    from compressor import training as T
 
     real, calls = T.cosine_lr, []
 

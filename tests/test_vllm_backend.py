@@ -247,7 +247,8 @@ N_QUESTIONS = 3
 def cases(smol_tokenizer):
     """Prompts per case: ``none`` / ``bm25`` text contexts on real HotpotQA questions; ``splice``: the bm25
     prompts with their middle third sent as embedding rows (must equal text exactly); ``soft``: soft
-    contexts whose passage rows are the decoder's own embeddings of the bm25-kept text."""
+    contexts whose passage rows are the decoder's own embeddings of the bm25-kept text; ``icae``: the shipped
+    ICAE encoder's memory slots for the same questions (when an encoder ships)."""
     from adapters.datasets import load_dataset
     from compressor.prompt import PromptBuilder
 
@@ -272,6 +273,12 @@ def cases(smol_tokenizer):
         ps = [p.model_copy(update={"text": None, "embeds": table.lookup(
             smol_tokenizer(p.text, add_special_tokens=False)["input_ids"])}) for p in ctx.passages]
         out["soft"].append(builder.build(ctx.model_copy(update={"kind": "soft", "passages": ps})))
+    from compressor.icae import SHIPPED_ARTIFACT, load_icae
+
+    if SHIPPED_ARTIFACT.is_dir():
+        icae = load_icae(counter, dtype=DTYPE)
+        out["icae"] = [builder.build(icae.compress(ex.question, ex.passages)) for ex in exs]
+        del icae
     return out
 
 
@@ -363,7 +370,7 @@ class TestRemote:
 
     def test_remote_greedy_equals_hf(self, server, cases, hf_refs):
         with RemoteVLLMBackend(server, "smollm2-135m-instruct", dtype=DTYPE) as be:
-            for k in ("none", "bm25", "splice", "soft"):
+            for k in [k for k in ("none", "bm25", "splice", "soft", "icae") if k in cases]:
                 gens = be.generate(cases[k], PARAMS)
                 _assert_same(gens, hf_refs[k], f"remote {k}")
                 assert all(0 < g.ttft_s <= g.e2e_s for g in gens)

@@ -223,9 +223,9 @@ def test_training_checkpoints_and_resumes_exactly(tiny_model_dir, tmp_path, monk
     with pytest.raises(ConfigError, match="--resume"):
         _train(tiny_model_dir, tmp_path / "a")
 
-    from compressor.xrag import train as T
+    from compressor import training as T
 
-    real, calls = T._lr, []
+    real, calls = T.cosine_lr, []
 
     def interrupt(*a):
         calls.append(a)
@@ -233,10 +233,10 @@ def test_training_checkpoints_and_resumes_exactly(tiny_model_dir, tmp_path, monk
             raise KeyboardInterrupt
         return real(*a)
 
-    monkeypatch.setattr(T, "_lr", interrupt)
+    monkeypatch.setattr(T, "cosine_lr", interrupt)
     with pytest.raises(KeyboardInterrupt):
         _train(tiny_model_dir, tmp_path / "b")
-    monkeypatch.setattr(T, "_lr", real)
+    monkeypatch.setattr(T, "cosine_lr", real)
     with pytest.raises(ConfigError, match="differ from the checkpoint"):
         _train(tiny_model_dir, tmp_path / "b", resume=True, kl_weight=1.0)
     resumed, _ = _train(tiny_model_dir, tmp_path / "b", resume=True)

@@ -20,21 +20,17 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
-from ..artifacts import read_artifact
 from ..base import TokenCounter
-from ..errors import ConfigError, InputError
+from ..errors import InputError
 from ..prompt import PromptBuilder
-from ..training import QARecord, Seq, load_opt_state, qa_layouts, save_checkpoint, trim_log
-from ..training import cosine_lr as _lr
+from ..training import QARecord, Seq, StagedRun, qa_layouts
 from ..training import seeded_batch as _batch
 from ..training import target_logits as _target_logits
 from .config import XRAGConfig, XRAGTrainConfig
@@ -53,7 +49,7 @@ PARAPHRASE_INSTRUCTIONS = (
     "Read this document: {doc}\nNow reproduce the document.",
 )
 _MARK = "\x00XRAG_ROW\x00"
-_CKPT_TYPE, _CKPT_VERSION = "xrag-checkpoint", 1
+_CKPT_TYPE = "xrag-checkpoint"
 
 
 class _Layouts:
@@ -96,11 +92,6 @@ def _data_hash(texts: Sequence[str], qa: Sequence[QARecord]) -> str:
     return h.hexdigest()
 
 
-def _save_checkpoint(path: Path, bridge: Bridge, opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    save_checkpoint(path, _CKPT_TYPE, _CKPT_VERSION, {f"bridge.{k}": v.numpy() for k, v in bridge.tensors().items()},
-                    opt, state, "xrag training checkpoint (resume with `ragpress train xrag --resume`)\n")
-
-
 def train_xrag(
     texts: Sequence[str],
     qa: Sequence[QARecord],
@@ -119,14 +110,11 @@ def train_xrag(
 
     config, train = config or XRAGConfig(), train or XRAGTrainConfig()
     work = Path(work_dir)
-    ckpt, log_path = work / "checkpoint", work / "train_log.jsonl"
     if train.stage1_steps and not texts:
         raise InputError("stage 1 needs passages (texts); pass some or set stage1_steps=0")
     if train.stage2_steps and not qa:
         raise InputError("stage 2 needs question records (qa); pass some or set stage2_steps=0")
-    if (ckpt / "compressor_config.json").exists() and not resume:
-        raise ConfigError(f"{ckpt} holds a checkpoint; pass --resume to continue it or choose another --work-dir")
-    work.mkdir(parents=True, exist_ok=True)
+    StagedRun(work, _CKPT_TYPE, train, {}, resume, "ragpress train xrag", log).check_fresh()
 
     dtype = "bfloat16" if train.precision == "bf16" else "float32"
     model, tok = load_causal_lm(config.decoder, dtype=dtype)
@@ -146,41 +134,12 @@ def train_xrag(
     bridge.calibrate_(index.vectors[: min(512, len(index))], target_norm)
     identity = {"decoder_sha256": model_fingerprint(config.decoder), "embedder_sha256": index.embedder["sha256"],
                 "config": config.model_dump(), "train": train.resume_key(), "data_sha256": _data_hash(texts, qa)}
-    step, t_ckpt = 0, None
-    if resume and (ckpt / "compressor_config.json").exists():
-        state, t_ckpt = read_artifact(ckpt, _CKPT_TYPE, _CKPT_VERSION)
-        diff = sorted(k for k in identity if state.get("identity", {}).get(k) != identity[k])
-        if diff:
-            raise ConfigError(f"cannot resume {ckpt}: {diff} differ from the checkpoint; use the same settings and "
-                              "data, or start a new --work-dir")
-        bridge.load_state_dict({k[7:]: torch.from_numpy(v.copy()) for k, v in t_ckpt.items() if k.startswith("bridge.")})
-        step = int(state["step"])
-        log(f"resumed at step {step} of {train.total_steps}")
-    elif resume:
-        log(f"no checkpoint in {ckpt}: starting from step 0")
-    trim_log(log_path, step)
-
+    run = StagedRun(work, _CKPT_TYPE, train, identity, resume, "ragpress train xrag", log)
+    run.restore(lambda t: bridge.load_state_dict({k[7:]: torch.from_numpy(v.copy()) for k, v in t.items()
+                                                  if k.startswith("bridge.")}))
     lay = _Layouts(tok, train, hidden)
-    params = list(bridge.parameters())
-    opt: torch.optim.Optimizer | None = None
-    opt_stage = None
-    history: dict[int, list[float]] = {1: [], 2: []}
-    secs: dict[int, list[float]] = {1: [], 2: []}
-    bar = tqdm(total=train.total_steps, initial=step, desc="xrag train", disable=not progress)
-    bridge.train()
-    while step < train.total_steps:
-        stage = 1 if step < train.stage1_steps else 2
-        i = step if stage == 1 else step - train.stage1_steps
-        n_stage = train.stage1_steps if stage == 1 else train.stage2_steps
-        if opt_stage != stage:  # a fresh AdamW per stage, restored from the checkpoint when resuming into it
-            opt = torch.optim.AdamW(params, lr=0.0, weight_decay=train.weight_decay)
-            if t_ckpt is not None and state.get("stage") == stage and state.get("adam_steps"):
-                load_opt_state(opt, t_ckpt, state["adam_steps"])
-            opt_stage = stage
-        lr = _lr(i, n_stage, train.stage1_lr if stage == 1 else train.stage2_lr, train.warmup_fraction)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        ts, tc = time.perf_counter(), time.process_time()
+
+    def step_fn(stage: int, i: int) -> tuple[torch.Tensor, dict[str, Any]]:
         if stage == 1:
             idx = _batch(len(texts), train.batch_size, i, train.seed, 1)
             seqs = [lay.paraphrase(texts[j], random.Random(f"{train.seed}-1-{i}-{k}").choice(PARAPHRASE_INSTRUCTIONS))
@@ -204,38 +163,14 @@ def train_xrag(
             kl = torch.nn.functional.kl_div(torch.log_softmax(logits / T, -1), torch.log_softmax(t_logits / T, -1),
                                             log_target=True, reduction="batchmean") * T * T
         loss = nll + (train.kl_weight * kl if teach is not None else 0.0)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, train.grad_clip)
-        opt.step()
-        dt, cpu = time.perf_counter() - ts, time.process_time() - tc
-        step += 1
-        loss_v, nll_v, kl_v = float(loss.detach()), float(nll.detach()), float(kl.detach())
-        history[stage].append(loss_v)
-        secs[stage].append(dt)
-        rec = {"step": step - 1, "stage": stage, "loss": round(loss_v, 5), "nll": round(nll_v, 5), "kl": round(kl_v, 5),
-               "lr": lr, "s": round(dt, 3), "cpu_s": round(cpu, 3), "seq_len": max(len(s.ids) for s in seqs),
-               "target_tokens": int(labels.numel())}
-        with open(log_path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
-        bar.update(1)
-        bar.set_postfix(stage=stage, loss=f"{loss_v:.3f}")
-        if step % train.checkpoint_every == 0 or step == train.total_steps:
-            state = {"step": step, "stage": stage, "identity": identity, "target_norm": target_norm}
-            _save_checkpoint(ckpt, bridge, opt, state)
-            t_ckpt = None
-    bar.close()
+        return loss, {"nll": round(float(nll), 5), "kl": round(float(kl), 5),
+                      "seq_len": max(len(s.ids) for s in seqs), "target_tokens": int(labels.numel())}
+
+    bridge.train()
+    report = run.run(list(bridge.parameters()), step_fn,
+                     lambda: {f"bridge.{k}": v.numpy() for k, v in bridge.tensors().items()},
+                     {"target_norm": target_norm}, progress=progress, desc="xrag train")
     bridge.eval()
     comp = XRAGCompressor(counter, config, bridge, manifest={"bridge": {"target_norm": round(target_norm, 5)}})
-    report = {"stage1_steps_done": min(step, train.stage1_steps),
-              "stage2_steps_done": max(0, step - train.stage1_steps), "train_config": train.model_dump(),
-              "n_stage1_passages": len(texts), "n_stage2_records": len(qa), "target_norm": round(target_norm, 5),
-              "log": str(log_path)}
-    for s in (1, 2):
-        h = history[s]
-        if h:
-            k = max(1, len(h) // 10)
-            report[f"stage{s}_loss_first"] = round(sum(h[:k]) / k, 4)
-            report[f"stage{s}_loss_last"] = round(sum(h[-k:]) / k, 4)
-            report[f"stage{s}_s_per_step_median"] = round(statistics.median(secs[s]), 3)
+    report.update(n_stage1_passages=len(texts), n_stage2_records=len(qa), target_norm=round(target_norm, 5))
     return comp, report
