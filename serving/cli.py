@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -287,61 +288,52 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_train_xrag(args: argparse.Namespace) -> int:
+def _train_soft(args: argparse.Namespace, family: str, make: Callable[[], tuple[Any, Any]], train_fn: Any) -> int:
+    """Shared by the trained soft families: options -> records -> (resumable) training -> artifact."""
     from pydantic import ValidationError
 
     from adapters.training_data import xrag_records
     from compressor.errors import ConfigError
+
+    try:
+        config, train = make()
+    except ValidationError as e:
+        raise ConfigError(f"train {family} options are invalid: {e}") from None
+    texts, qa, data = xrag_records(args.data, args.n_stage1, args.n_nq, args.n_squad, args.distractors, seed=args.seed)
+    work = args.work_dir or Path("runs") / f"{family}-train" / args.out.name
+    comp, report = train_fn(texts, qa, work, config, train, resume=args.resume)
+    trained = report["stage1_steps_done"] + report["stage2_steps_done"] > 0
+    path = comp.save_pretrained(args.out, trained=trained,
+                                training={"data": data, **{k: v for k, v in report.items() if k != "log"}})
+    print(json.dumps({k: v for k, v in report.items() if k != "train_config"}, indent=2))
+    print(f"wrote {path}" + ("" if trained else " (untrained control: \"trained\": false)"))
+    return 0
+
+
+def cmd_train_xrag(args: argparse.Namespace) -> int:
     from compressor.xrag.config import XRAGConfig, XRAGTrainConfig
     from compressor.xrag.train import train_xrag
 
-    try:
-        config = XRAGConfig(embedder=args.embedder, decoder=args.decoder, bridge_width=args.bridge_width)
-        train = XRAGTrainConfig(stage1_steps=args.stage1_steps, stage2_steps=args.stage2_steps,
-                                batch_size=args.batch_size, stage1_lr=args.stage1_lr, stage2_lr=args.stage2_lr,
-                                kl_weight=args.kl_weight, max_passage_tokens=args.max_passage_tokens,
-                                precision=args.precision, checkpoint_every=args.checkpoint_every, seed=args.seed)
-    except ValidationError as e:
-        raise ConfigError(f"train xrag options are invalid: {e}") from None
-    texts, qa, data = xrag_records(args.data, args.n_stage1, args.n_nq, args.n_squad, args.distractors, seed=args.seed)
-    work = args.work_dir or Path("runs") / "xrag-train" / args.out.name
-    comp, report = train_xrag(texts, qa, work, config, train, resume=args.resume)
-    trained = report["stage1_steps_done"] + report["stage2_steps_done"] > 0
-    path = comp.save_pretrained(args.out, trained=trained,
-                                training={"data": data, **{k: v for k, v in report.items() if k != "log"}})
-    print(json.dumps({k: v for k, v in report.items() if k != "train_config"}, indent=2))
-    print(f"wrote {path}" + ("" if trained else " (untrained control: \"trained\": false)"))
-    return 0
+    return _train_soft(args, "xrag", lambda: (
+        XRAGConfig(embedder=args.embedder, decoder=args.decoder, bridge_width=args.bridge_width),
+        XRAGTrainConfig(stage1_steps=args.stage1_steps, stage2_steps=args.stage2_steps, batch_size=args.batch_size,
+                        stage1_lr=args.stage1_lr, stage2_lr=args.stage2_lr, kl_weight=args.kl_weight,
+                        max_passage_tokens=args.max_passage_tokens, precision=args.precision,
+                        checkpoint_every=args.checkpoint_every, seed=args.seed)), train_xrag)
 
 
 def cmd_train_icae(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
-
-    from adapters.training_data import xrag_records
-    from compressor.errors import ConfigError
     from compressor.icae.config import ICAEConfig, ICAETrainConfig
     from compressor.icae.train import train_icae
 
-    try:
-        config = ICAEConfig(base=args.base, ratio=args.ratio, segment_tokens=args.segment_tokens,
-                            accumulate=args.accumulate, lora_r=args.lora_r, lora_alpha=args.lora_alpha,
-                            lora_targets=args.lora_targets)
-        train = ICAETrainConfig(stage1_steps=args.stage1_steps, stage2_steps=args.stage2_steps,
-                                batch_size=args.batch_size, stage1_lr=args.stage1_lr, stage2_lr=args.stage2_lr,
-                                lm_fraction=args.lm_fraction, curriculum_start_tokens=args.curriculum_start_tokens,
-                                curriculum_fraction=args.curriculum_fraction, kl_weight=args.kl_weight,
-                                precision=args.precision, checkpoint_every=args.checkpoint_every, seed=args.seed)
-    except ValidationError as e:
-        raise ConfigError(f"train icae options are invalid: {e}") from None
-    texts, qa, data = xrag_records(args.data, args.n_stage1, args.n_nq, args.n_squad, args.distractors, seed=args.seed)
-    work = args.work_dir or Path("runs") / "icae-train" / args.out.name
-    comp, report = train_icae(texts, qa, work, config, train, resume=args.resume)
-    trained = report["stage1_steps_done"] + report["stage2_steps_done"] > 0
-    path = comp.save_pretrained(args.out, trained=trained,
-                                training={"data": data, **{k: v for k, v in report.items() if k != "log"}})
-    print(json.dumps({k: v for k, v in report.items() if k != "train_config"}, indent=2))
-    print(f"wrote {path}" + ("" if trained else " (untrained control: \"trained\": false)"))
-    return 0
+    return _train_soft(args, "icae", lambda: (
+        ICAEConfig(base=args.base, ratio=args.ratio, segment_tokens=args.segment_tokens, accumulate=args.accumulate,
+                   lora_r=args.lora_r, lora_alpha=args.lora_alpha, lora_targets=args.lora_targets),
+        ICAETrainConfig(stage1_steps=args.stage1_steps, stage2_steps=args.stage2_steps, batch_size=args.batch_size,
+                        stage1_lr=args.stage1_lr, stage2_lr=args.stage2_lr, lm_fraction=args.lm_fraction,
+                        curriculum_start_tokens=args.curriculum_start_tokens,
+                        curriculum_fraction=args.curriculum_fraction, kl_weight=args.kl_weight,
+                        precision=args.precision, checkpoint_every=args.checkpoint_every, seed=args.seed)), train_icae)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
