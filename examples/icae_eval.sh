@@ -4,7 +4,7 @@
 # own) against none / no_context, plus the slot cache timed on hits. Writes runs/icae-eval/*.json.
 #   bash examples/icae_eval.sh [ARTIFACT] [LIMIT]
 set -euo pipefail
-ART=${1:-compressor/artifacts/icae-smollm2-135m}
+ART=${1:-compressor/artifacts/icae-smollm2-135m-exp1}
 N=${2:-100}
 PY=${PY:-.venv/bin/python}
 RP=${RP:-.venv/bin/ragpress}
@@ -14,9 +14,9 @@ mkdir -p $OUT
 [ -d runs/icae-control ] || $RP train icae --stage1-steps 0 --stage2-steps 0 --out runs/icae-control --work-dir runs/icae-control-work
 for who in trained control; do
   a=$ART; [ $who = control ] && a=runs/icae-control
-  $PY examples/icae_reconstruction.py --artifact $a --segment-only --limit 50 --out $OUT/bleu_segment_$who.json
+  $PY examples/icae_reconstruction.py --artifact $a --segment-only --limit ${BLEU_N:-50} --out $OUT/bleu_segment_$who.json
 done
-$PY examples/icae_reconstruction.py --artifact $ART --limit 20 --out $OUT/bleu_paragraph_trained.json
+$PY examples/icae_reconstruction.py --artifact $ART --limit ${BLEU_PARA_N:-20} --out $OUT/bleu_paragraph_trained.json
 SQ="--dataset squad --path $D/squad_v2_dev_subset/squad_v2_dev_first5articles.json"
 NQ="--dataset nq --path $D/nq_open/nq-open-oracle-even.jsonl.gz"
 for ds in squad nq nq-d4; do
