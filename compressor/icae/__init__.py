@@ -37,5 +37,5 @@ def _make(counter: TokenCounter, artifact: str | None = None, **options: Any) ->
 
 if SHIPPED_ARTIFACT.is_dir():
     register_compressor("icae", _make, kind="soft",
-                        description="ICAE memory slots: LoRA encoder, 4x per 128-token segment (trained)",
+                        description="ICAE memory slots: LoRA encoder, 4x per 64-token segment (trained)",
                         fixed_ratio=True, cacheable=True)
