@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..train_config import StagedTrainConfig
+
 __all__ = ["ICAEConfig", "ICAETrainConfig", "FORMAT_VERSION", "SHIPPED_ARTIFACT"]
 
 FORMAT_VERSION = 1
@@ -61,7 +63,7 @@ class ICAEConfig(BaseModel):
         return self.model_dump(include={"ratio", "segment_tokens", "accumulate"})
 
 
-class ICAETrainConfig(BaseModel):
+class ICAETrainConfig(StagedTrainConfig):
     """Two-stage training of the LoRA adapter, the memory rows and the special rows (the base stays frozen).
 
     Stage 1 (pretraining on plain text, Ge et al. 2024): each example is one segment; with probability
@@ -72,16 +74,11 @@ class ICAETrainConfig(BaseModel):
     Stage 2 (QA): the evaluation prompt with the passages' slots spliced in -> answer; NLL + ``kl_weight`` x
     KL to the same frozen decoder reading the passages as text."""
 
-    model_config = ConfigDict(extra="forbid")
-
     stage1_steps: int = Field(default=1400, ge=0, le=10_000_000, description="Pretraining steps (AE + LM).")
     stage2_steps: int = Field(default=200, ge=0, le=10_000_000, description="QA fine-tuning steps.")
     batch_size: int = Field(default=4, ge=1, le=4096, description="Examples per optimiser step.")
     stage1_lr: float = Field(default=5e-4, gt=0.0, le=1.0, description="Peak AdamW learning rate, stage 1.")
     stage2_lr: float = Field(default=2e-4, gt=0.0, le=1.0, description="Peak AdamW learning rate, stage 2.")
-    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
-    warmup_fraction: float = Field(default=0.03, ge=0.0, le=0.5, description="Share of a stage spent warming up.")
-    grad_clip: float = Field(default=1.0, gt=0.0, le=1000.0, description="Gradient-norm clip.")
     lm_fraction: float = Field(default=0.25, ge=0.0, le=1.0,
                                description="Stage 1: share of examples trained on continuation instead of autoencoding.")
     lm_tokens: int = Field(default=64, ge=1, le=4096, description="Stage 1: continuation tokens predicted at most.")
@@ -89,16 +86,9 @@ class ICAETrainConfig(BaseModel):
     curriculum_fraction: float = Field(default=0.3, ge=0.0, le=1.0,
                                        description="Stage 1: share of steps over which segments grow to full length.")
     kl_weight: float = Field(default=1.0, ge=0.0, le=100.0, description="Stage 2: weight of the KL to the text teacher.")
-    kl_temperature: float = Field(default=1.0, gt=0.0, le=20.0, description="Softmax temperature of the KL.")
-    max_answer_tokens: int = Field(default=24, ge=1, le=512, description="Stage 2 target: answer tokens at most.")
     precision: Literal["bf16", "fp32"] = Field(
         default="bf16", description="Base weights in bf16 (as served; LoRA, memory rows and losses stay fp32) or fp32.")
-    checkpoint_every: int = Field(default=50, ge=1, le=10_000_000, description="Steps between checkpoints.")
     seed: int = Field(default=0, description="Seed of data order, task choice and memory-row init.")
-
-    @property
-    def total_steps(self) -> int:
-        return self.stage1_steps + self.stage2_steps
 
     def segment_cap(self, step: int, segment_tokens: int) -> int:
         """Stage-1 segment length at ``step`` (the curriculum)."""
@@ -107,7 +97,3 @@ class ICAETrainConfig(BaseModel):
         if step >= n:
             return segment_tokens
         return int(start + (segment_tokens - start) * step / n)
-
-    def resume_key(self) -> dict:
-        """Fields that must match for ``--resume`` to continue the same run (the schedule depends on them)."""
-        return self.model_dump(exclude={"checkpoint_every"})
