@@ -96,6 +96,17 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _add_staged_options(p: argparse.ArgumentParser, d: Any) -> None:
+    """Options every soft family's training has: precision, checkpoints, data selection, seed."""
+    p.add_argument("--precision", choices=["bf16", "fp32"], default=d.precision)
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    p.add_argument("--distractors", type=int, default=0, help="stage 2: K BM25 passages around each NQ gold one")
+    p.add_argument("--n-stage1", type=int, help="use at most this many stage-1 passages")
+    p.add_argument("--n-nq", type=int, help="use at most this many NQ training questions")
+    p.add_argument("--n-squad", type=int, help="use at most this many SQuAD training questions")
+    p.add_argument("--seed", type=int, default=d.seed)
+
+
 def _add_train_icae(tsub: Any) -> None:
     from compressor.icae.config import ICAEConfig, ICAETrainConfig
 
@@ -121,13 +132,7 @@ def _add_train_icae(tsub: Any) -> None:
     ti.add_argument("--curriculum-start-tokens", type=int, default=d.curriculum_start_tokens)
     ti.add_argument("--curriculum-fraction", type=float, default=d.curriculum_fraction)
     ti.add_argument("--kl-weight", type=float, default=d.kl_weight, help="stage-2 weight of the KL to the text teacher")
-    ti.add_argument("--precision", choices=["bf16", "fp32"], default=d.precision)
-    ti.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
-    ti.add_argument("--distractors", type=int, default=0, help="stage 2: K BM25 passages around each NQ gold one")
-    ti.add_argument("--n-stage1", type=int, help="use at most this many stage-1 passages")
-    ti.add_argument("--n-nq", type=int, help="use at most this many NQ training questions")
-    ti.add_argument("--n-squad", type=int, help="use at most this many SQuAD training questions")
-    ti.add_argument("--seed", type=int, default=d.seed)
+    _add_staged_options(ti, d)
 
 
 def _add_train_xrag(tsub: Any) -> None:
@@ -149,13 +154,7 @@ def _add_train_xrag(tsub: Any) -> None:
     tx.add_argument("--stage2-lr", type=float, default=d.stage2_lr)
     tx.add_argument("--kl-weight", type=float, default=d.kl_weight, help="stage-2 self-distillation weight")
     tx.add_argument("--max-passage-tokens", type=int, default=d.max_passage_tokens)
-    tx.add_argument("--precision", choices=["bf16", "fp32"], default=d.precision)
-    tx.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
-    tx.add_argument("--distractors", type=int, default=0, help="stage 2: K BM25 passages around each NQ gold one")
-    tx.add_argument("--n-stage1", type=int, help="use at most this many stage-1 passages")
-    tx.add_argument("--n-nq", type=int, help="use at most this many NQ training questions")
-    tx.add_argument("--n-squad", type=int, help="use at most this many SQuAD training questions")
-    tx.add_argument("--seed", type=int, default=d.seed)
+    _add_staged_options(tx, d)
 
 
 _TRAINED_SOFT = ("xrag", "icae")

@@ -45,6 +45,25 @@ def make_tiny_llama(vocab_size: int, seed: int = 0):
     return LlamaForCausalLM(cfg).eval()
 
 
+def interrupted(monkeypatch, n: int, train) -> None:
+    """Run ``train()`` with the shared LR schedule raising KeyboardInterrupt on its ``n``-th call (step n - 1),
+    as a killed training run would stop; the schedule is restored afterwards."""
+    from compressor import training as T
+
+    real, calls = T.cosine_lr, []
+
+    def interrupt(*a):
+        calls.append(a)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(*a)
+
+    monkeypatch.setattr(T, "cosine_lr", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train()
+    monkeypatch.setattr(T, "cosine_lr", real)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(smol_tokenizer):
     return make_tiny_llama(len(smol_tokenizer))

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, make_tiny_llama
+from conftest import REPO, interrupted, make_tiny_llama
 
 from compressor import (
     ArtifactError,
@@ -237,20 +237,7 @@ def test_training_checkpoints_resumes_exactly_and_learns(tiny_model_dir, tmp_pat
     with pytest.raises(ConfigError, match="--resume"):
         _train(tiny_model_dir, tmp_path / "a")
 
-    from compressor import training as T
-
-    real, calls = T.cosine_lr, []
-
-    def interrupt(*a):
-        calls.append(a)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(*a)
-
-    monkeypatch.setattr(T, "cosine_lr", interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        _train(tiny_model_dir, tmp_path / "b")
-    monkeypatch.setattr(T, "cosine_lr", real)
+    interrupted(monkeypatch, 3, lambda: _train(tiny_model_dir, tmp_path / "b"))  # stops in stage 1, after step 2
     with pytest.raises(ConfigError, match="differ from the checkpoint"):
         _train(tiny_model_dir, tmp_path / "b", resume=True, kl_weight=0.5)
     resumed, _ = _train(tiny_model_dir, tmp_path / "b", resume=True)

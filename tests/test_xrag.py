@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, make_tiny_llama
+from conftest import REPO, interrupted, make_tiny_llama
 
 from adapters.backends import GenerationParams
 from compressor import (
@@ -223,20 +223,7 @@ def test_training_checkpoints_and_resumes_exactly(tiny_model_dir, tmp_path, monk
     with pytest.raises(ConfigError, match="--resume"):
         _train(tiny_model_dir, tmp_path / "a")
 
-    from compressor import training as T
-
-    real, calls = T.cosine_lr, []
-
-    def interrupt(*a):
-        calls.append(a)
-        if len(calls) == 3:  # stop during stage 1, after the step-2 checkpoint
-            raise KeyboardInterrupt
-        return real(*a)
-
-    monkeypatch.setattr(T, "cosine_lr", interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        _train(tiny_model_dir, tmp_path / "b")
-    monkeypatch.setattr(T, "cosine_lr", real)
+    interrupted(monkeypatch, 3, lambda: _train(tiny_model_dir, tmp_path / "b"))  # stops in stage 1, after step 2
     with pytest.raises(ConfigError, match="differ from the checkpoint"):
         _train(tiny_model_dir, tmp_path / "b", resume=True, kl_weight=1.0)
     resumed, _ = _train(tiny_model_dir, tmp_path / "b", resume=True)
