@@ -349,8 +349,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     counter = TokenCounter.from_tokenizer(load_tokenizer(args.proxy))
     comp, report = train_sentinel(records, counter, proxy=args.proxy, seed=args.seed,
                                   features_cache=args.features_cache)
-    training = {"data": data, **{k: v for k, v in report.items() if k not in ("chosen", "grid")}}
-    scores = {**report["chosen"], "grid": report["grid"]}
+    training = {"data": data, **{k: v for k, v in report.items() if k not in ("chosen", "grid", "layout_ablation")}}
+    scores = {**report["chosen"], "layout_ablation": report["layout_ablation"], "grid": report["grid"]}
     path = comp.save_pretrained(args.out, training=training, scores=scores)
     print(f"chosen: {report['chosen']}\nwrote {path}")
     return 0

@@ -10,7 +10,8 @@ from conftest import HOTPOT, make_tiny_llama
 from adapters.datasets import load_dataset
 from compressor import ArtifactError, BaseModelMismatchError, Budget, ConfigError, Passage, get_compressor
 from compressor.sentinel import SHIPPED_ARTIFACT, SentinelCompressor, SentinelConfig, SentinelProbe
-from compressor.sentinel.probe import AttentionProbe, select_layers
+from compressor.sentinel.config import DEFAULT_LAYOUT, V1_LAYOUT, FeatureLayout
+from compressor.sentinel.probe import AttentionProbe, select_columns
 from compressor.text import split_sentences
 
 PASSAGES = [
@@ -40,26 +41,57 @@ def _eager_rows(model, ids, positions):
     return [a[0, :, positions, :].mean(1) for a in out.attentions]
 
 
+def _zlog(means):
+    logm = np.log(np.stack(means).astype(np.float64) + 1e-6)
+    return (logm - logm.mean(0)) / (logm.std(0) + 1e-6)
+
+
 def test_features_match_eager_attention(tiny_probe):
     q = "What is the capital of France?"
     f = tiny_probe.features(q, PASSAGES, _spans(PASSAGES))
     n_sent = sum(len(s) for s in _spans(PASSAGES))
     LH = 2 * 4
-    assert f.x.shape == (n_sent, 2 * LH + 2)
-    text, ranges, (qa, qb) = tiny_probe._prompt(q, PASSAGES, _spans(PASSAGES))
+    assert f.x.shape == (n_sent, 4 * LH + 7) == (n_sent, DEFAULT_LAYOUT.width(2, 4))
+    text, ranges, (qa, qb), pranges = tiny_probe._prompt(q, PASSAGES, _spans(PASSAGES))
     enc = tiny_probe.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offs = enc["input_ids"], enc["offset_mapping"]
     qpos = [i for i, (s, e) in enumerate(offs) if e > qa and s < qb]
     last = list(range(len(ids) - tiny_probe.m, len(ids)))
+    toks = lambda a, b: [i for i, (s, e) in enumerate(offs) if e > a and s < b]  # noqa: E731
+    owner = [pi for pi, sp in enumerate(_spans(PASSAGES)) for _ in sp]
     for block, positions in ((0, qpos), (1, last)):
         rows = _eager_rows(tiny_probe.model, ids, positions)
-        means = []
-        for a, b in ranges:
-            toks = [i for i, (s, e) in enumerate(offs) if e > a and s < b]
-            means.append(torch.stack([r[:, toks].mean(1) for r in rows]).reshape(-1).numpy())
-        logm = np.log(np.stack(means).astype(np.float64) + 1e-6)
-        z = (logm - logm.mean(0)) / (logm.std(0) + 1e-6)
+        mean = lambda t, rows=rows: torch.stack([r[:, t].mean(1) for r in rows]).reshape(-1).numpy()  # noqa: E731
+        z = _zlog([mean(toks(a, b)) for a, b in ranges])
         np.testing.assert_allclose(f.x[:, block * LH:(block + 1) * LH], z, rtol=1e-3, atol=1e-3)
+        # passage blocks: the passage's title line and sentences, z-scored over passages, one row per sentence
+        zp = _zlog([mean(toks(a, b)) for a, b in pranges])
+        np.testing.assert_allclose(f.x[:, (2 + block) * LH:(3 + block) * LH], zp[owner], rtol=1e-3, atol=1e-3)
+    assert tiny_probe._prompt(q, PASSAGES, _spans(PASSAGES))[3][0][0] == text.index("Paris: ")
+
+
+def test_structure_and_lexical_scalars(tiny_probe):
+    f = tiny_probe.features("What is the capital of France?", PASSAGES, _spans(PASSAGES))
+    ex = dict(zip(DEFAULT_LAYOUT.extra, f.x[:, -len(DEFAULT_LAYOUT.extra):].T))
+    # sentences: Paris x3, Berlin x2, Cats x1
+    assert ex["first_in_passage"].tolist() == [1, 0, 0, 1, 0, 1]
+    np.testing.assert_allclose(ex["log1p_index_in_passage"], np.log1p([0, 1, 2, 0, 1, 0]), rtol=1e-6)
+    # content words of the question: {capital, france}
+    np.testing.assert_allclose(ex["question_overlap"], [1.0, 0, 0, 0.5, 0, 0])
+    np.testing.assert_allclose(ex["title_overlap"], [0, 0, 0, 0, 0, 0])
+    assert ex["bm25_z"].argmax() == 0 and abs(ex["bm25_z"].mean()) < 1e-5
+    # a layout reads only its named columns, in its order
+    lay = FeatureLayout(("final:zlogmean",), ("bm25_z", "first_in_passage"))
+    g = tiny_probe.features("What is the capital of France?", PASSAGES, _spans(PASSAGES), layout=lay)
+    np.testing.assert_allclose(g.x, f.x[:, select_columns(DEFAULT_LAYOUT, 2, lay, 2, 4)], rtol=1e-6)
+    assert g.x.shape[1] == lay.width(2, 4) == 8 + 2
+
+
+def test_layout_names_are_validated():
+    with pytest.raises(ConfigError, match="unknown or repeated names.*choose from"):
+        FeatureLayout(("question:zlogmean", "typo"), ())
+    with pytest.raises(ConfigError, match="repeated"):
+        FeatureLayout((), ("bm25_z", "bm25_z"))
 
 
 def test_early_exit_runs_fewer_layers(tiny_probe):
@@ -72,7 +104,8 @@ def test_early_exit_runs_fewer_layers(tiny_probe):
             h.remove()
     assert len(calls) == 0  # layer 0 raised inside attention: its decoder layer never finished
     full = tiny_probe.features("q?", PASSAGES, _spans(PASSAGES))
-    np.testing.assert_allclose(select_layers(full.x, 2, 1, 4), f1.x, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(full.x[:, select_columns(DEFAULT_LAYOUT, 2, DEFAULT_LAYOUT, 1, 4)], f1.x, rtol=1e-5,
+                               atol=1e-7)
 
 
 def test_capture_is_linear_in_length(tiny_probe):
@@ -105,9 +138,9 @@ def test_works_on_gemma3_architecture(smol_tokenizer, tmp_path):
     smol_tokenizer.save_pretrained(tmp_path)
     probe = AttentionProbe.load(str(tmp_path), dtype="float32")
     f = probe.features("What is the capital of France?", PASSAGES, _spans(PASSAGES))
-    assert f.x.shape[1] == 2 * 3 * 4 + 2 and np.isfinite(f.x).all()
+    assert f.x.shape[1] == 4 * 3 * 4 + 7 and np.isfinite(f.x).all()
     # sliding-window layers are masked like the model masks them: features match eager attention
-    text, ranges, (qa, qb) = probe._prompt("What is the capital of France?", PASSAGES, _spans(PASSAGES))
+    text, ranges, (qa, qb), _ = probe._prompt("What is the capital of France?", PASSAGES, _spans(PASSAGES))
     enc = probe.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     last = list(range(len(enc["input_ids"]) - probe.m, len(enc["input_ids"])))
     rows = _eager_rows(probe.model, enc["input_ids"], last)
@@ -119,12 +152,12 @@ def test_works_on_gemma3_architecture(smol_tokenizer, tmp_path):
     np.testing.assert_allclose(f.x[:, 12:24], (logm - logm.mean(0)) / (logm.std(0) + 1e-6), rtol=1e-3, atol=1e-3)
 
 
-def _trained(counter, tiny_probe):
+def _trained(counter, tiny_probe, layout=DEFAULT_LAYOUT):
     rng = np.random.default_rng(0)
-    width = 2 * 2 * 4 + 2
+    width = layout.width(2, 4)
     probe = SentinelProbe(rng.normal(size=width), np.abs(rng.normal(size=width)) + 0.1, rng.normal(size=width), 0.1)
     return SentinelCompressor(counter, SentinelConfig(proxy=str(tiny_probe.model.name_or_path), dtype="float32"),
-                              probe, tiny_probe)
+                              probe, tiny_probe, layout=layout)
 
 
 @pytest.mark.parametrize("budget", [Budget(ratio=2), Budget(ratio=5), Budget(target_tokens=10)])
@@ -149,12 +182,28 @@ def test_artifact_round_trip_and_mismatch(counter, tiny_probe, tmp_path, smol_to
     assert a.text == b.text
     flat = lambda c: [s for p in c.passages for s in p.scores]  # noqa: E731
     assert flat(a) == pytest.approx(flat(b), rel=1e-5)
+    assert again.layout == DEFAULT_LAYOUT and cfg["features"]["n_features"] == DEFAULT_LAYOUT.width(2, 4)
     with pytest.raises(ConfigError, match="fixed by the trained probe"):
         SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_probe, layers=1)
     other = tmp_path / "other-proxy"
     make_tiny_llama(len(smol_tokenizer), seed=1).save_pretrained(other)
     with pytest.raises(BaseModelMismatchError, match="trained with proxy"):
         SentinelCompressor.from_pretrained(path, counter, proxy=str(other))
+
+
+def test_format1_artifact_reads_with_its_layout(counter, tiny_probe, tmp_path):
+    """A probe saved before layouts were named (format 1, sentence attention only) still loads and scores."""
+    comp = _trained(counter, tiny_probe, layout=V1_LAYOUT)
+    path = comp.save_pretrained(tmp_path / "v1", training={}, scores={})
+    cfg = json.loads((path / "compressor_config.json").read_text())
+    assert cfg["features"]["pooling"] == ["question:zlogmean", "final:zlogmean"]
+    (path / "compressor_config.json").write_text(json.dumps({**cfg, "format_version": 1}))
+    again = SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_probe)
+    assert again.layout == V1_LAYOUT
+    assert again.compress("capital?", PASSAGES, Budget(ratio=2)).text == comp.compress("capital?", PASSAGES,
+                                                                                         Budget(ratio=2)).text
+    with pytest.raises(ConfigError, match="the probe has 18 weights but the feature layout"):
+        SentinelCompressor(counter, comp.config, comp.probe, tiny_probe, layout=DEFAULT_LAYOUT)
 
 
 def test_corrupt_and_future_artifacts_refused(counter, tiny_probe, tmp_path):

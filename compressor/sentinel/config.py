@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from pydantic import Field
 
+from ..errors import ConfigError
 from ..filters.base import SentenceFilterConfig
 
-__all__ = ["SentinelConfig", "FORMAT_VERSION"]
+__all__ = ["SentinelConfig", "FeatureLayout", "FORMAT_VERSION", "DEFAULT_LAYOUT", "V1_LAYOUT"]
 
-FORMAT_VERSION = 1
+# 2: the feature layout is named in the manifest (format-1 artifacts read as V1_LAYOUT)
+FORMAT_VERSION = 2
 
 
 class SentinelConfig(SentenceFilterConfig):
@@ -20,3 +25,39 @@ class SentinelConfig(SentenceFilterConfig):
     query_positions: int = Field(default=4, ge=1, le=64, description="Final prompt positions whose attention is read.")
     max_context_tokens: int = Field(default=8192, ge=16, description="Longest proxy prompt accepted.")
     dtype: str = Field(default="bfloat16", pattern="^(bfloat16|float32|float16)$", description="Proxy dtype.")
+
+
+# Attention blocks: ``layers * heads`` columns each, a per-question z-score of the log mean attention that a
+# group of query positions (the question's tokens, or the final prompt positions) pays to the sentence, or to
+# the whole passage holding it (title included). Scalars: one column each.
+ATTN_BLOCKS = ("question:zlogmean", "final:zlogmean", "passage_question:zlogmean", "passage_final:zlogmean")
+EXTRAS = ("log1p_tokens", "relative_position", "first_in_passage", "log1p_index_in_passage",
+          "question_overlap", "title_overlap", "bm25_z")
+
+
+@dataclass(frozen=True)
+class FeatureLayout:
+    """The named feature blocks a probe reads, in column order: ``pooling`` attention blocks, then ``extra``
+    scalars. Stored in the artifact, so a probe is always fed the columns it was fit on."""
+
+    pooling: tuple[str, ...] = ATTN_BLOCKS
+    extra: tuple[str, ...] = EXTRAS
+
+    def __post_init__(self) -> None:
+        for field_name, names, allowed in (("pooling", self.pooling, ATTN_BLOCKS), ("extra", self.extra, EXTRAS)):
+            bad = [n for n in names if n not in allowed]
+            if bad or len(set(names)) != len(names):
+                raise ConfigError(f"feature layout {field_name}={list(names)}: unknown or repeated names {bad}; "
+                                  f"choose from {list(allowed)}")
+
+    def width(self, layers: int, heads: int) -> int:
+        return len(self.pooling) * layers * heads + len(self.extra)
+
+    @classmethod
+    def from_manifest(cls, features: dict[str, Any]) -> FeatureLayout:
+        return cls(tuple(features["pooling"]), tuple(features["extra"]))
+
+
+# The first shipped probe (format 1): the sentence's own attention, size and position only.
+V1_LAYOUT = FeatureLayout(ATTN_BLOCKS[:2], EXTRAS[:2])
+DEFAULT_LAYOUT = FeatureLayout()

@@ -20,9 +20,9 @@ import numpy as np
 
 from ..artifacts import check_base_model, read_artifact, write_artifact
 from ..base import Passage, TokenCounter
-from ..errors import ConfigError
+from ..errors import ArtifactError, ConfigError
 from ..filters.base import Sentence, SentenceFilter
-from .config import FORMAT_VERSION, SentinelConfig
+from .config import DEFAULT_LAYOUT, FORMAT_VERSION, FeatureLayout, SentinelConfig
 
 __all__ = ["SentinelProbe", "SentinelCompressor", "SHIPPED_ARTIFACT"]
 
@@ -53,9 +53,13 @@ class SentinelCompressor(SentenceFilter):
     config: SentinelConfig
 
     def __init__(self, counter: TokenCounter, config: SentinelConfig, probe: SentinelProbe, attention: Any,
-                 manifest: dict[str, Any] | None = None) -> None:
+                 layout: FeatureLayout = DEFAULT_LAYOUT, manifest: dict[str, Any] | None = None) -> None:
         super().__init__(counter, config)
-        self.probe, self.attention, self.manifest = probe, attention, manifest or {}
+        width = layout.width(config.layers or attention.n_layers, attention.n_heads)
+        if probe.coef.shape[0] != width:
+            raise ConfigError(f"the probe has {probe.coef.shape[0]} weights but the feature layout "
+                              f"{layout} at {config.layers or attention.n_layers} layers gives {width} columns")
+        self.probe, self.attention, self.layout, self.manifest = probe, attention, layout, manifest or {}
 
     def score_sentences(self, query: str, passages: list[Passage], sentences: list[Sentence]) -> np.ndarray:
         if not sentences:
@@ -63,7 +67,7 @@ class SentinelCompressor(SentenceFilter):
         spans: list[list[tuple[int, int]]] = [[] for _ in passages]
         for s in sentences:
             spans[s.passage].append((s.start, s.end))
-        feats = self.attention.features(query, passages, spans, layers=self.config.layers)
+        feats = self.attention.features(query, passages, spans, layers=self.config.layers, layout=self.layout)
         return self.probe(feats.x.astype(np.float64))
 
     # -- artifact ---------------------------------------------------------------------------------------
@@ -80,8 +84,7 @@ class SentinelCompressor(SentenceFilter):
                       "num_layers": self.attention.n_layers, "num_heads": self.attention.n_heads},
             "config": self.config.model_dump(exclude={"proxy"}),
             "features": {"layers": self.config.layers or self.attention.n_layers, "heads": self.attention.n_heads,
-                         "pooling": ["question:zlogmean", "final:zlogmean"],
-                         "extra": ["log1p_tokens", "relative_position"],
+                         "pooling": list(self.layout.pooling), "extra": list(self.layout.extra),
                          "query_positions": self.config.query_positions, "n_features": int(self.probe.coef.shape[0])},
             "training": training if training is not None else self.manifest.get("training"),
             "scores": scores if scores is not None else self.manifest.get("scores"),
@@ -109,9 +112,14 @@ class SentinelCompressor(SentenceFilter):
         if attention is None:
             attention = AttentionProbe.load(proxy, dtype=config.dtype, query_positions=config.query_positions,
                                             max_context_tokens=config.max_context_tokens)
+        try:
+            layout = FeatureLayout.from_manifest(cfg["features"])
+        except (KeyError, TypeError) as e:
+            raise ArtifactError(f"artifact {directory}: compressor_config.json has no valid features.pooling / "
+                                f"features.extra ({e}); re-save it with `ragpress train sentinel`") from e
         probe = SentinelProbe(t["scaler_mean"].astype(np.float64), t["scaler_scale"].astype(np.float64),
                               t["coef"].astype(np.float64), float(t["intercept"][0]))
-        return cls(counter, config, probe, attention, manifest=cfg)
+        return cls(counter, config, probe, attention, layout=layout, manifest=cfg)
 
 
 def _card(cfg: dict[str, Any]) -> str:

@@ -12,13 +12,15 @@ while a capture is active, computes ``softmax(q_last @ k^T * scaling + mask)`` f
 arrive after RoPE and any q/k norms, exactly as the model uses them. Early exit stops the forward pass after
 the last needed layer.
 
-Features per sentence: see :meth:`AttentionProbe.features`: ``2 * layers * heads + 2`` numbers.
+Features per sentence: see :meth:`AttentionProbe.features` and :class:`FeatureLayout`: named blocks of
+``layers * heads`` attention columns, then a few named scalars; an artifact records the names it was fit on.
 """
 
 from __future__ import annotations
 
 import contextvars
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,9 +28,10 @@ import numpy as np
 import torch
 
 from ..base import Passage
-from ..errors import InputError
+from ..errors import ConfigError, InputError
+from .config import DEFAULT_LAYOUT, FeatureLayout
 
-__all__ = ["ProbeFeatures", "AttentionProbe", "ATTN_IMPL"]
+__all__ = ["ProbeFeatures", "AttentionProbe", "ATTN_IMPL", "select_columns"]
 
 ATTN_IMPL = "ragpress_probe"
 _CAPTURE: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar("ragpress_probe_capture", default=None)
@@ -91,9 +94,36 @@ def _register() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_IMPL, sdpa_mask)
 
 
+def select_columns(src: FeatureLayout, src_layers: int, dst: FeatureLayout, dst_layers: int,
+                   heads: int) -> np.ndarray:
+    """Column indices of a ``src`` feature matrix (``src_layers`` deep) that a ``dst`` layout with a
+    ``dst_layers`` early exit would have produced: the first layers' columns of each attention block."""
+    if dst_layers > src_layers:
+        raise ConfigError(f"cannot take {dst_layers} layers from features of {src_layers}")
+    f, k = src_layers * heads, dst_layers * heads
+    cols = [np.arange(src.pooling.index(b) * f, src.pooling.index(b) * f + k) for b in dst.pooling]
+    base = len(src.pooling) * f
+    cols += [np.array([base + src.extra.index(e)]) for e in dst.extra]
+    return np.concatenate(cols) if cols else np.zeros(0, dtype=np.int64)
+
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def _content_words(text: str) -> set[str]:
+    from bm25s.stopwords import STOPWORDS_EN_PLUS
+
+    return {w for w in _WORD.findall(text.lower()) if w not in STOPWORDS_EN_PLUS}
+
+
+def _zscore(a: np.ndarray) -> np.ndarray:
+    """Per-column z-score over rows (zeros for a single row)."""
+    return (a - a.mean(0)) / (a.std(0) + 1e-6) if len(a) > 1 else np.zeros_like(a)
+
+
 @dataclass
 class ProbeFeatures:
-    """Features of one prompt. ``x``: ``[n_sentences, N_BLOCKS * layers * heads + 2]``."""
+    """Features of one prompt. ``x``: ``[n_sentences, layout.width(layers, heads)]``."""
 
     x: np.ndarray
     prompt_tokens: int
@@ -122,16 +152,19 @@ class AttentionProbe:
         model, tok = load_causal_lm(name_or_path, dtype=dtype)
         return cls(model, tok, **kw)
 
-    def n_features(self, layers: int) -> int:
-        return N_BLOCKS * layers * self.n_heads + 2
+    def n_features(self, layers: int, layout: FeatureLayout = DEFAULT_LAYOUT) -> int:
+        return layout.width(layers, self.n_heads)
 
     def _prompt(self, query: str, passages: list[Passage], spans: list[list[tuple[int, int]]]):
-        """Prompt text, per sentence its [start, end) char range in that text, and the question's range."""
+        """Prompt text; per sentence its [start, end) char range in that text; the question's range; per
+        passage the range of its title line and sentences (None for a passage without sentences)."""
         head = "Read the context and answer the question.\n\nContext:\n"
-        parts, ranges, pos = [head], [], len(head)
+        parts, ranges, pranges, pos = [head], [], [], len(head)
         for p, sp in zip(passages, spans):
             if not sp:
+                pranges.append(None)
                 continue
+            p_start = pos
             line = f"{p.title}: " if p.title else ""
             parts.append(line)
             pos += len(line)
@@ -140,6 +173,7 @@ class AttentionProbe:
                 ranges.append((pos, pos + e - s))
                 parts.append(t)
                 pos += len(t)
+            pranges.append((p_start, pos - 1))
         q = query.strip()
         body = "".join(parts) + f"\nQuestion: {q}"
         qrange = (len(body) - len(q), len(body))
@@ -149,19 +183,28 @@ class AttentionProbe:
             shift = text.index(body)
         else:
             text, shift = body + "\nAnswer:", 0
-        return text, [(a + shift, b + shift) for a, b in ranges], (qrange[0] + shift, qrange[1] + shift)
+
+        def sh(r):
+            return None if r is None else (r[0] + shift, r[1] + shift)
+
+        return text, [sh(r) for r in ranges], sh(qrange), [sh(r) for r in pranges]
 
     def features(self, query: str, passages: list[Passage], spans: list[list[tuple[int, int]]],
-                 layers: int | None = None) -> ProbeFeatures:
+                 layers: int | None = None, layout: FeatureLayout = DEFAULT_LAYOUT) -> ProbeFeatures:
         """Features of every sentence in ``spans`` (per passage, ``[start, end)`` in the passage text), in
-        order. ``layers``: early exit after that many layers (None: all).
+        order, as ``layout`` names them. ``layers``: early exit after that many layers (None: all).
 
         Two groups of query positions are read: the question's tokens and the final ``query_positions``
-        prompt positions. Per group and (layer, head): the mean attention over the sentence's tokens, as a
-        per-question z-score of its log (attention is relative: what matters is how a sentence compares with
-        the others of the same context). Then log token count and relative position."""
+        prompt positions. Per group and (layer, head): the mean attention over the sentence's tokens (or over
+        its whole passage, title included), as a per-question z-score of its log: attention is relative, what
+        matters is how a sentence compares with the others of the same context. Scalars: log token count,
+        relative position, first-in-passage flag and log index within the passage, the share of the
+        question's content words found in the sentence and in the passage title, and the z-scored BM25
+        score of the title-prefixed sentence among the context's sentences."""
+        from ..filters.bm25 import bm25_scores
+
         layers = self.n_layers if layers is None else min(layers, self.n_layers)
-        text, ranges, qrange = self._prompt(query, passages, spans)
+        text, ranges, qrange, pranges = self._prompt(query, passages, spans)
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
         bos = getattr(self.tokenizer, "bos_token_id", None)
@@ -178,6 +221,8 @@ class AttentionProbe:
             idx = np.nonzero((ends > a) & (starts < b))[0]
             return (int(idx[0]), int(idx[-1]) + 1) if len(idx) else (0, 0)
 
+        owner = [pi for pi, sp in enumerate(spans) for _ in sp]  # passage of each sentence
+        n_pass = [pi for pi, r in enumerate(pranges) if r is not None]
         n = len(ranges)
         tok_ranges = [tok_range(a, b) for a, b in ranges]
         qa, qb = tok_range(*qrange)
@@ -195,30 +240,39 @@ class AttentionProbe:
             raise RuntimeError(f"captured attention of {len(cap.rows)} layers, expected {layers}: the proxy does not "
                                "dispatch attention through transformers' AttentionInterface")
         LH = layers * self.n_heads
-        x = np.zeros((n, N_BLOCKS * LH + 2), dtype=np.float32)
-        for gi in range(len(groups)):
-            A = torch.stack([cap.rows[i][gi] for i in sorted(cap.rows)[:layers]]).reshape(LH, L).numpy()
-            mean = np.zeros((n, LH), dtype=np.float64)
-            for i, (a, b) in enumerate(tok_ranges):
+
+        def zlogmean(A: np.ndarray, trs: list[tuple[int, int]]) -> np.ndarray:
+            mean = np.zeros((len(trs), LH), dtype=np.float64)
+            for i, (a, b) in enumerate(trs):
                 if b > a:
                     mean[i] = A[:, a:b].mean(1)
-            logm = np.log(mean + 1e-6)
-            x[:, gi * LH:(gi + 1) * LH] = (logm - logm.mean(0)) / (logm.std(0) + 1e-6) if n > 1 else 0.0
-        for i, (a, b) in enumerate(tok_ranges):
-            x[i, -2] = math.log1p(b - a)
-            x[i, -1] = i / max(n - 1, 1)
+            return _zscore(np.log(mean + 1e-6))
+
+        blocks: dict[str, np.ndarray] = {}
+        for gi, group in enumerate(("question", "final")):
+            A = torch.stack([cap.rows[i][gi] for i in sorted(cap.rows)[:layers]]).reshape(LH, L).numpy()
+            if f"{group}:zlogmean" in layout.pooling:
+                blocks[f"{group}:zlogmean"] = zlogmean(A, tok_ranges)
+            if f"passage_{group}:zlogmean" in layout.pooling:
+                zp = zlogmean(A, [tok_range(*pranges[pi]) for pi in n_pass])
+                row = {pi: j for j, pi in enumerate(n_pass)}
+                blocks[f"passage_{group}:zlogmean"] = zp[[row[pi] for pi in owner]] if n else np.zeros((0, LH))
+        qwords = _content_words(query)
+        extras = {
+            "log1p_tokens": [math.log1p(b - a) for a, b in tok_ranges],
+            "relative_position": [i / max(n - 1, 1) for i in range(n)],
+            "first_in_passage": [float(j == 0) for sp in spans for j in range(len(sp))],
+            "log1p_index_in_passage": [math.log1p(j) for sp in spans for j in range(len(sp))],
+        }
+        if {"question_overlap", "title_overlap", "bm25_z"} & set(layout.extra):
+            sents = [passages[pi].text[a:b] for pi, sp in enumerate(spans) for a, b in sp]
+            titles = [passages[pi].title or "" for pi in owner]
+            share = lambda t: len(qwords & _content_words(t)) / len(qwords) if qwords else 0.0  # noqa: E731
+            extras["question_overlap"] = [share(t) for t in sents]
+            extras["title_overlap"] = [share(t) for t in titles]
+            bm = bm25_scores(query, [f"{t} {s}" for t, s in zip(titles, sents)])
+            extras["bm25_z"] = _zscore(bm[:, None])[:, 0] if n else []
+        cols = [blocks[b] for b in layout.pooling] + [np.asarray(extras[e], dtype=np.float64)[:, None]
+                                                      for e in layout.extra]
+        x = np.concatenate(cols, axis=1).astype(np.float32) if cols else np.zeros((n, 0), dtype=np.float32)
         return ProbeFeatures(x=x, prompt_tokens=L, layers=layers, heads=self.n_heads)
-
-
-# (question positions, final positions): per-question z-score of log mean attention. Measured on 180
-# training questions (validation AUC / recall@20%): raw mean+max 0.76 / 0.60, the z-scores alone 0.89 / 0.78;
-# the question's positions carry most of it (final positions alone: 0.61 / 0.36).
-N_BLOCKS = 2
-
-
-def select_layers(x: np.ndarray, from_layers: int, to_layers: int, heads: int) -> np.ndarray:
-    """Columns of a ``from_layers`` feature matrix that a ``to_layers`` early exit would have produced."""
-    if to_layers == from_layers:
-        return x
-    k, f = to_layers * heads, from_layers * heads
-    return np.concatenate([x[:, b * f: b * f + k] for b in range(N_BLOCKS)] + [x[:, -2:]], axis=1)

@@ -22,9 +22,9 @@ from tqdm.auto import tqdm
 from ..base import Passage, TokenCounter
 from ..filters.base import select_within_budget
 from ..text import split_sentences
-from .config import SentinelConfig
+from .config import DEFAULT_LAYOUT, V1_LAYOUT, FeatureLayout, SentinelConfig
 from .model import SentinelCompressor, SentinelProbe
-from .probe import AttentionProbe, select_layers
+from .probe import AttentionProbe, select_columns
 
 __all__ = ["QuestionFeatures", "extract_features", "fit_probe", "recall_at_budget", "train_sentinel"]
 
@@ -51,29 +51,34 @@ def _labels(p: Passage, spans: list[tuple[int, int]]) -> list[int]:
 
 
 def extract_features(records: Sequence[tuple[str, str, list[Passage]]], attention: AttentionProbe,
-                     counter: TokenCounter, progress: bool = True) -> list[QuestionFeatures]:
+                     counter: TokenCounter, progress: bool = True,
+                     layout: FeatureLayout = DEFAULT_LAYOUT) -> list[QuestionFeatures]:
     """``records``: (source name, question, passages with evidence). Skips none: a record without a positive
     sentence is kept (it teaches the probe what irrelevant looks like) and counted in the report."""
     out = []
     for source, q, passages in tqdm(records, desc="probe features", disable=not progress):
         spans = [split_sentences(p.text) for p in passages]
-        f = attention.features(q, passages, spans)
+        f = attention.features(q, passages, spans, layout=layout)
         y = np.array([lab for p, sp in zip(passages, spans) for lab in _labels(p, sp)], dtype=np.int64)
         costs = [counter.count(p.text[s:e]) + 1 for p, sp in zip(passages, spans) for s, e in sp]
         out.append(QuestionFeatures(source, f.x, y, costs, sum(counter.count(p.text) for p in passages)))
     return out
 
 
-def save_features(path: str | Path, feats: Sequence[QuestionFeatures]) -> None:
+def save_features(path: str | Path, feats: Sequence[QuestionFeatures],
+                  layout: FeatureLayout = DEFAULT_LAYOUT) -> None:
     """Cache extracted features (plain arrays, no pickle) so probe fitting can be redone without the proxy."""
     lens = np.array([len(q.y) for q in feats])
-    np.savez_compressed(path, x=np.concatenate([q.x for q in feats]), y=np.concatenate([q.y for q in feats]),
+    np.savez_compressed(path, pooling=np.array(layout.pooling), extra=np.array(layout.extra), x=np.concatenate([q.x for q in feats]), y=np.concatenate([q.y for q in feats]),
                         costs=np.concatenate([np.array(q.costs) for q in feats]), lens=lens,
                         tokens_in=np.array([q.tokens_in for q in feats]), source=np.array([q.source for q in feats]))
 
 
-def load_features(path: str | Path) -> list[QuestionFeatures]:
+def load_features(path: str | Path, layout: FeatureLayout = DEFAULT_LAYOUT) -> list[QuestionFeatures]:
     z = np.load(path, allow_pickle=False)
+    cached = FeatureLayout(tuple(z["pooling"].tolist()), tuple(z["extra"].tolist())) if "pooling" in z else None
+    if cached != layout:
+        raise ValueError(f"{path} holds features of layout {cached}, not {layout}: delete it to re-extract")
     out, start = [], 0
     for i, n in enumerate(z["lens"]):
         out.append(QuestionFeatures(str(z["source"][i]), z["x"][start:start + n], z["y"][start:start + n],
@@ -104,12 +109,32 @@ def recall_at_budget(qs: Sequence[QuestionFeatures], scorer: Callable[[np.ndarra
     return float(np.mean(rec)) if rec else float("nan")
 
 
+# Candidate layouts, compared at full depth on the validation questions (the report keeps every row).
+LAYOUT_CANDIDATES: dict[str, FeatureLayout] = {
+    "v1 (sentence attention, size, position)": V1_LAYOUT,
+    "+ passage structure": FeatureLayout(V1_LAYOUT.pooling, DEFAULT_LAYOUT.extra[:4]),
+    "+ passage attention": FeatureLayout(DEFAULT_LAYOUT.pooling, DEFAULT_LAYOUT.extra[:4]),
+    "+ lexical (no passage attention)": FeatureLayout(V1_LAYOUT.pooling, DEFAULT_LAYOUT.extra),
+    "all": DEFAULT_LAYOUT,
+}
+
+
+def _fit_and_score(tr, val, cols, c, seed, auc_fn):
+    X = np.concatenate([q.x[:, cols] for q in tr])
+    Y = np.concatenate([q.y for q in tr])
+    probe = fit_probe(X, Y, c, seed)
+    val_k = [QuestionFeatures(q.source, q.x[:, cols], q.y, q.costs, q.tokens_in) for q in val]
+    auc = float(auc_fn(np.concatenate([q.y for q in val]), probe(np.concatenate([q.x for q in val_k]))))
+    return probe, auc, recall_at_budget(val_k, probe, 0.20), recall_at_budget(val_k, probe, 0.33)
+
+
 def train_sentinel(
     records: Sequence[tuple[str, str, list[Passage]]],
     counter: TokenCounter,
     proxy: str = "smollm2-135m-instruct",
     layer_grid: Sequence[int] = (2, 4, 6, 8, 12, 16, 30),
     c_grid: Sequence[float] = (0.003, 0.01, 0.03),
+    layouts: dict[str, FeatureLayout] | None = None,
     val_fraction: float = 0.15,
     recall_tolerance: float = 0.01,
     seed: int = 0,
@@ -117,34 +142,47 @@ def train_sentinel(
     log: Callable[[str], None] = print,
     features_cache: str | Path | None = None,
 ) -> tuple[SentinelCompressor, dict[str, Any]]:
-    """Extract features, pick (layers, C) on validation questions, fit, and return the compressor with a
-    report. The depth chosen is the shallowest whose validation recall@20% is within ``recall_tolerance``
-    of the best (cheaper compression for the same quality)."""
+    """Extract features, pick the layout, (layers, C) on validation questions, fit, and return the compressor
+    with a report. Layouts (default :data:`LAYOUT_CANDIDATES`) are compared at full depth; the chosen one
+    is the best validation recall@20%. The depth chosen is the shallowest whose validation recall@20% is
+    within ``recall_tolerance`` of the best (cheaper compression for the same quality)."""
     from sklearn.metrics import roc_auc_score
 
+    layouts = layouts or LAYOUT_CANDIDATES
+    full = FeatureLayout(tuple(dict.fromkeys(b for lay in layouts.values() for b in lay.pooling)),
+                         tuple(dict.fromkeys(e for lay in layouts.values() for e in lay.extra)))
     attention = AttentionProbe.load(proxy)
     n_layers, heads = attention.n_layers, attention.n_heads
     grid = sorted({min(k, n_layers) for k in layer_grid} | {n_layers})
     if features_cache is not None and Path(features_cache).exists():
-        feats = load_features(features_cache)
+        feats = load_features(features_cache, full)
         if len(feats) != len(records):
             raise ValueError(f"{features_cache} holds {len(feats)} questions, not {len(records)}: delete it")
         log(f"features loaded from {features_cache}")
     else:
-        feats = extract_features(records, attention, counter, progress)
+        feats = extract_features(records, attention, counter, progress, layout=full)
         if features_cache is not None:
-            save_features(features_cache, feats)
+            save_features(features_cache, feats, full)
     idx = list(range(len(feats)))
     random.Random(seed).shuffle(idx)
     n_val = max(1, int(len(idx) * val_fraction))
     val = [feats[i] for i in idx[:n_val]]
     tr = [feats[i] for i in idx[n_val:]]
-    X = np.concatenate([q.x for q in tr])
-    Y = np.concatenate([q.y for q in tr])
-    Xv = np.concatenate([q.x for q in val])
-    Yv = np.concatenate([q.y for q in val])
-    log(f"train: {len(tr)} questions, {len(Y)} sentences ({int(Y.sum())} positive); "
-        f"validation: {len(val)} questions, {len(Yv)} sentences ({int(Yv.sum())} positive)")
+    n_y, n_pos = sum(len(q.y) for q in tr), sum(int(q.y.sum()) for q in tr)
+    log(f"train: {len(tr)} questions, {n_y} sentences ({n_pos} positive); validation: {len(val)} questions, "
+        f"{sum(len(q.y) for q in val)} sentences ({sum(int(q.y.sum()) for q in val)} positive)")
+
+    ablation = []
+    for name, lay in layouts.items():
+        cols = select_columns(full, n_layers, lay, n_layers, heads)
+        for c in c_grid:
+            _, auc, r20, r33 = _fit_and_score(tr, val, cols, c, seed, roc_auc_score)
+            ablation.append({"layout": name, "C": c, "val_auc": round(auc, 4), "val_recall@20%": round(r20, 4),
+                             "val_recall@33%": round(r33, 4)})
+            log(f"layout {name!r:<45} C={c:<5} auc={auc:.4f} recall@20%={r20:.4f} recall@33%={r33:.4f}")
+    best_ab = max(ablation, key=lambda r: (r["val_recall@20%"], r["val_auc"]))
+    layout = layouts[best_ab["layout"]]
+    log(f"layout chosen: {best_ab['layout']!r}")
 
     # time per question for each depth, on validation questions
     timing: dict[int, float] = {}
@@ -152,18 +190,15 @@ def train_sentinel(
     for k in grid:
         t0 = time.perf_counter()
         for _, q, ps in sample:
-            attention.features(q, ps, [split_sentences(p.text) for p in ps], layers=k)
+            attention.features(q, ps, [split_sentences(p.text) for p in ps], layers=k, layout=layout)
         timing[k] = (time.perf_counter() - t0) / len(sample)
 
     rows = []
     best: dict[int, tuple[float, float, SentinelProbe]] = {}
     for k in grid:
-        cut = lambda a, k=k: select_layers(a, n_layers, k, heads)  # noqa: E731
+        cols = select_columns(full, n_layers, layout, k, heads)
         for c in c_grid:
-            probe = fit_probe(cut(X), Y, c, seed)
-            auc = float(roc_auc_score(Yv, probe(cut(Xv))))
-            val_k = [QuestionFeatures(q.source, cut(q.x), q.y, q.costs, q.tokens_in) for q in val]
-            r20, r33 = recall_at_budget(val_k, probe, 0.20), recall_at_budget(val_k, probe, 0.33)
+            probe, auc, r20, r33 = _fit_and_score(tr, val, cols, c, seed, roc_auc_score)
             rows.append({"layers": k, "C": c, "val_auc": round(auc, 4), "val_recall@20%": round(r20, 4),
                          "val_recall@33%": round(r33, 4), "s_per_question": round(timing[k], 4)})
             log(f"layers={k:>3} C={c:<5} auc={auc:.4f} recall@20%={r20:.4f} recall@33%={r33:.4f} "
@@ -175,17 +210,18 @@ def train_sentinel(
     r20, auc, probe = best[chosen]
     chosen_row = max((r for r in rows if r["layers"] == chosen), key=lambda r: (r["val_recall@20%"], r["val_auc"]))
     config = SentinelConfig(proxy=proxy, layers=chosen)
-    comp = SentinelCompressor(counter, config, probe, attention)
+    comp = SentinelCompressor(counter, config, probe, attention, layout=layout)
     sources: dict[str, int] = {}
     for q in feats:
         sources[q.source] = sources.get(q.source, 0) + 1
     report = {
-        "chosen": chosen_row,
+        "chosen": {**chosen_row, "layout": best_ab["layout"]},
+        "layout_ablation": ablation,
         "grid": rows,
         "n_train_questions": len(tr),
         "n_val_questions": len(val),
-        "n_train_sentences": int(len(Y)),
-        "n_train_positive": int(Y.sum()),
+        "n_train_sentences": n_y,
+        "n_train_positive": n_pos,
         "questions_by_source": sources,
         "questions_without_positive": int(sum(1 for q in feats if q.y.sum() == 0)),
         "proxy_layers": n_layers,
