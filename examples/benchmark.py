@@ -22,8 +22,7 @@ within a row group, not as absolute latencies.
 Methods. `none`: full context; `no_context`: the question alone; `oracle`: only the sentences (HotpotQA
 supporting facts) or passages (NQ gold) that the data marks as evidence. `bm25`, `minilm`: sentence filters
 (query-aware ranking, kept in original order, budget in decoder tokens). `sentinel`: the trained attention probe on
-SmolLM2. `icae` (when its trained encoder ships): memory slots at the encoder's fixed 4x, each passage compressed
-on its own, at query time; `icae@cache`: the same slots read from the slot cache, which the bench fills before
+SmolLM2. `icae`: memory slots at the encoder's fixed 4x, each passage compressed on its own, at query time; `icae@cache`: the same slots read from the slot cache, which the bench fills before
 the timed run (index-time compression). `longllmlingua`: the outside peer, LongLLMLingua from `llmlingua==0.2.2`
 with SmolLM2 as its scorer (question-aware coarse passage ranking + fine token pruning, its default settings
 for `rate = 1 / ratio`), run fully offline. Adaptations, none of which changes its algorithm (see
@@ -31,7 +30,10 @@ for `rate = 1 / ratio`), run fully offline. Adaptations, none of which changes i
 in the decoder's tokens (it only reports sizes); transformers 5 takes `Cache` objects where llmlingua passes and
 slices legacy key/value tuples, so the scorer is wrapped to convert both ways (same tensors, same logits); its
 output is hard-capped to the budget in decoder tokens, as every method is (`ragpress eval` reports how often that
-cap trimmed: `trimmed_calls`, `trimmed_tokens`)."""
+cap trimmed: `trimmed_calls`, `trimmed_tokens`).
+
+`evidence_recall` for a soft method (`icae`) counts every encoded passage as kept (1.0 here): it says nothing
+was dropped, not that the decoder can read the evidence back out of the slots; its F1 answers that."""
 
 
 def main(argv: list[str]) -> int:
