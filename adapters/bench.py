@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from compressor.base import Budget, TokenCounter
 from compressor.errors import ConfigError
@@ -42,6 +42,14 @@ class DatasetSpec(BaseModel):
     path: Path
     distractors: int = Field(default=0, ge=0, le=50)
     unanswerable: bool = False
+    retrieve: int = Field(default=0, ge=0, le=50, description="nq: top-k passages retrieved (MiniLM) from the "
+                          "corpus of all the file's passages instead of the gold passage (0: off).")
+
+    @model_validator(mode="after")
+    def _check(self) -> DatasetSpec:
+        if self.retrieve and (self.kind != "nq" or self.distractors):
+            raise ValueError(f"dataset {self.label!r}: retrieve applies to nq without distractors")
+        return self
 
 
 class BenchConfig(BaseModel):
@@ -62,6 +70,10 @@ def _key(r: dict) -> tuple:
 
 
 def _load(spec: DatasetSpec, limit: int | None, seed: int) -> list[QAExample]:
+    if spec.retrieve:
+        from .retrieval import retrieve_examples
+
+        return retrieve_examples(load_dataset(spec.kind, spec.path), limit, spec.retrieve)[0]
     if spec.distractors:
         everything = load_dataset(spec.kind, spec.path, unanswerable=spec.unanswerable)
         return add_distractors(everything[:limit], corpus_of(everything), spec.distractors, seed=seed)
@@ -160,6 +172,7 @@ def summarize_bench(samples_path: Path, cfg: BenchConfig) -> list[dict[str, Any]
             "decoder": dec, "dataset": ds, "method": m, "ratio_requested": rr, "n": len(g),
             "em": mean("em"), "f1": mean("f1"), "accuracy": mean("accuracy"),
             "evidence_recall": mean("evidence_recall"),
+            "abstention": mean("abstained", [r for r in g if not r["answers"] and "abstained" in r]),
             "tokens_in_mean": tin / len(g), "tokens_out_mean": tout / len(g), "ratio": tin / tout if tout else None,
             "compress_s_mean": mean("compress_s"), "ttft_s_mean": mean("ttft_s"), "e2e_s_mean": mean("e2e_s"),
             "decode_tok_s": (sum(r["new_tokens"] for r in g) / max(1e-9, sum(r["e2e_s"] - r["compress_s"] - r["ttft_s"] for r in g))),
@@ -190,7 +203,10 @@ def _f(v: Any, nd: int = 3) -> str:
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     cols = ["decoder", "dataset", "method", "ratio_requested", "n", "ratio", "em", "f1", "accuracy", "evidence_recall",
-            "d_f1_vs_none", "d_f1_ci95", "tokens_out_mean", "compress_s_mean", "ttft_s_mean", "e2e_s_mean"]
+            "abstention", "d_f1_vs_none", "d_f1_ci95", "tokens_out_mean", "compress_s_mean", "ttft_s_mean",
+            "e2e_s_mean"]
+    if all(r.get("abstention") is None for r in rows):  # no unanswerable questions in the grid
+        cols.remove("abstention")
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         out.append("| " + " | ".join(_f(r.get(c)) for c in cols) + " |")

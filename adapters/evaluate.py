@@ -12,7 +12,7 @@ from compressor.base import Budget, Compressor
 
 from .backends import DecoderBackend, GenerationParams
 from .datasets import QAExample
-from .metrics import accuracy, evidence_recall, exact_match, f1_score
+from .metrics import abstained, accuracy, evidence_recall, exact_match, f1_score
 
 __all__ = ["evaluate", "summarize"]
 
@@ -44,7 +44,9 @@ def evaluate(
             "prediction": pred,
             "em": exact_match(pred, ex.answers),
             "f1": f1_score(pred, ex.answers),
-            "accuracy": accuracy(pred, ex.answers) if ex.answers else float(not pred),
+            # an unanswerable question (no gold answer) is answered correctly by abstaining
+            "accuracy": accuracy(pred, ex.answers) if ex.answers else float(abstained(pred)),
+            "abstained": abstained(pred),
             "evidence_recall": evidence_recall(ctx, ex.passages),
             "tokens_in": ctx.tokens_in,
             "tokens_out": ctx.tokens_out,
@@ -78,6 +80,7 @@ def summarize(records: list[dict], method: str, ratio_requested: float | None, *
         "f1": _mean([r["f1"] for r in records]),
         "accuracy": _mean([r["accuracy"] for r in records]),
         "evidence_recall": _mean([r["evidence_recall"] for r in records]),
+        "abstention": _mean([float(r["abstained"]) for r in records if not r["answers"] and "abstained" in r]),
         "tokens_in_mean": tin / len(records) if records else None,
         "tokens_out_mean": tout / len(records) if records else None,
         "ratio": (tin / tout) if tout else None,

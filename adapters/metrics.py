@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from compressor.base import CompressedContext, Passage
 
-__all__ = ["normalize_answer", "exact_match", "f1_score", "accuracy", "evidence_recall"]
+__all__ = ["normalize_answer", "exact_match", "f1_score", "accuracy", "abstained", "evidence_recall"]
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
@@ -46,6 +46,19 @@ def accuracy(pred: str, golds: Sequence[str]) -> float:
     """1 if any normalised gold answer is contained in the normalised prediction."""
     p = f" {normalize_answer(pred)} "
     return float(any(f" {normalize_answer(g)} " in p for g in golds if normalize_answer(g)))
+
+
+_ABSTAIN = re.compile(
+    r"\b(unanswerable|no answer|not (?:be )?answerable|cannot be (?:answered|determined)|can ?not (?:answer|determine|"
+    r"find|tell)|(?:do|does|did) not (?:say|mention|specify|state|contain|provide|include|know)|not (?:mentioned|"
+    r"provided|specified|stated|given|available|enough information)|no (?:information|mention)|unknown|"
+    r"i don'?t know|insufficient information)\b")
+
+
+def abstained(pred: str) -> bool:
+    """The prediction declines to answer (an empty reply, or a refusal phrase such as "unanswerable", "not
+    mentioned", "the context does not say"). Used for SQuAD v2's unanswerable questions."""
+    return not pred.strip() or bool(_ABSTAIN.search(pred.lower().replace("\u2019", "'")))
 
 
 def evidence_recall(ctx: CompressedContext, passages: Sequence[Passage], min_cover: float = 0.9) -> float | None:

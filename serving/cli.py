@@ -256,23 +256,33 @@ _DATA_FILES = {
 
 
 def parse_dataset_label(label: str, data: Path) -> Any:
-    """'nq-d9' -> NQ with 9 distractors; 'squad-d4-u' -> SQuAD with unanswerable questions too."""
+    """'nq-d9' -> NQ with 9 distractors; 'nq-r3' -> NQ with the top 3 retrieved passages; 'squad-d4-u' ->
+    SQuAD with unanswerable questions too; a path ending in '.jsonl' -> your own records (see the README)."""
     from adapters.bench import DatasetSpec
     from compressor.errors import InputError
 
+    if label.endswith(".jsonl"):
+        if not Path(label).is_file():
+            raise InputError(f"bench dataset {label!r}: no such file; give the path of a JSONL file of records")
+        return DatasetSpec(label=Path(label).stem, kind="jsonl", path=Path(label))
     parts = label.split("-")
     kind = parts[0]
     if kind not in _DATA_FILES:
-        raise InputError(f"unknown bench dataset {label!r}: use hotpotqa, nq or squad, with -dK and -u suffixes")
-    k, u = 0, False
+        raise InputError(f"unknown bench dataset {label!r}: use hotpotqa, nq or squad, with -dK, -rK (nq) and -u "
+                         "suffixes, or the path of a .jsonl file")
+    k, r, u = 0, 0, False
     for p in parts[1:]:
-        if p.startswith("d") and p[1:].isdigit():
-            k = int(p[1:])
+        if p[:1] in ("d", "r") and p[1:].isdigit():
+            k, r = (int(p[1:]), r) if p[0] == "d" else (k, int(p[1:]))
         elif p == "u":
             u = True
         else:
-            raise InputError(f"unknown suffix {p!r} in bench dataset {label!r}: use -dK or -u")
-    return DatasetSpec(label=label, kind=kind, path=data / _DATA_FILES[kind], distractors=k, unanswerable=u)
+            raise InputError(f"unknown suffix {p!r} in bench dataset {label!r}: use -dK, -rK or -u")
+    try:
+        return DatasetSpec(label=label, kind=kind, path=data / _DATA_FILES[kind], distractors=k, unanswerable=u,
+                           retrieve=r)
+    except ValueError as e:
+        raise InputError(f"bench dataset {label!r}: -rK (retrieval) applies to nq, without -dK") from e
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -15,7 +15,8 @@ PASSAGES = [{"title": "Hamlet", "text": "Hamlet is a tragedy. It was written by 
 def test_bench_grid_resumes_and_pairs(tmp_path, tiny_model_dir):
     data = tmp_path / "d.jsonl"
     data.write_text("\n".join(json.dumps({"id": f"q{i}", "question": f"Who wrote Hamlet {i}?", "passages": PASSAGES,
-                                          "answers": ["William Shakespeare"]}) for i in range(3)) + "\n")
+                                          "answers": ["William Shakespeare"] if i < 2 else []})  # q2: unanswerable
+                              for i in range(3)) + "\n")
     cfg = BenchConfig(datasets=[DatasetSpec(label="toy", kind="jsonl", path=data)], methods=["none", "no_context", "bm25"],
                       ratios=[2.0, 3.0], decoders=[str(tiny_model_dir)], limit=3, max_new_tokens=3,
                       out_dir=tmp_path / "bench")
@@ -26,6 +27,11 @@ def test_bench_grid_resumes_and_pairs(tmp_path, tiny_model_dir):
     assert set(by) == {("none", None), ("no_context", None), ("bm25", 2.0), ("bm25", 3.0)}
     assert by[("bm25", 3.0)]["ratio"] >= 3.0 and "d_f1_ci95" in by[("bm25", 3.0)]
     assert (tmp_path / "bench" / "table.md").read_text().startswith("| decoder |")
+    # abstention is the mean over the unanswerable question only, and gets a table column
+    recs = [json.loads(x) for x in lines]
+    q2 = [r for r in recs if r["id"] == "q2" and r["method"] == "none"][0]
+    assert by[("none", None)]["abstention"] == float(q2["abstained"]) and q2["accuracy"] == float(q2["abstained"])
+    assert "abstention" in (tmp_path / "bench" / "table.md").read_text().splitlines()[0]
     run_bench(cfg, progress=False, log=lambda s: None)  # resume: nothing left to do
     assert len((tmp_path / "bench" / "samples.jsonl").read_text().splitlines()) == len(lines)
 
@@ -39,8 +45,19 @@ def test_bench_rejects_unknown_method_early(tmp_path):
 def test_dataset_labels(tmp_path):
     s = parse_dataset_label("squad-d9-u", tmp_path)
     assert s.kind == "squad" and s.distractors == 9 and s.unanswerable
+    r = parse_dataset_label("nq-r3", tmp_path)
+    assert r.kind == "nq" and r.retrieve == 3 and r.distractors == 0
     with pytest.raises(InputError):
         parse_dataset_label("nq-x", tmp_path)
+    with pytest.raises(InputError, match="applies to nq, without -dK"):
+        parse_dataset_label("squad-r3", tmp_path)
+    with pytest.raises(InputError, match="applies to nq, without -dK"):
+        parse_dataset_label("nq-d4-r3", tmp_path)
+    with pytest.raises(InputError, match="no such file"):
+        parse_dataset_label(str(tmp_path / "mine.jsonl"), tmp_path)
+    (tmp_path / "mine.jsonl").write_text("")
+    j = parse_dataset_label(str(tmp_path / "mine.jsonl"), tmp_path)
+    assert j.kind == "jsonl" and j.label == "mine"
 
 
 def test_fixed_ratio_soft_method_runs_once_and_from_a_filled_cache(tmp_path, tiny_model_dir, smol_tokenizer):

@@ -76,3 +76,15 @@ def test_jsonl_loader_and_errors(tmp_path):
         load_dataset("jsonl", f)
     with pytest.raises(InputError, match="does not exist"):
         load_dataset("jsonl", tmp_path / "missing.jsonl")
+
+
+@pytest.mark.parametrize("pred, out", [
+    ("", True), ("Unanswerable.", True), ("The context does not mention his birthplace.", True),
+    ("It is not mentioned in the passage", True), ("I don't know", True), ("This cannot be determined.", True),
+    ("William Shakespeare", False), ("He is known for the notion of the unknowable", False),
+    ("Paris, the capital of France", False),
+])
+def test_abstained(pred, out):
+    from adapters.metrics import abstained
+
+    assert abstained(pred) is out
