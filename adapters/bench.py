@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from compressor.base import Budget, TokenCounter
-from compressor.errors import ConfigError
+from compressor.errors import BaseModelMismatchError, ConfigError
 from compressor.registry import get_compressor, get_spec
 
 from .backends import GenerationParams, HFBackend
@@ -112,7 +112,13 @@ def run_bench(cfg: BenchConfig, progress: bool = True, log: Callable[[str], None
                         if not todo:
                             continue
                         if m not in comps:
-                            comps[m] = _build(m, counter, cfg.out_dir / "slot-cache")
+                            try:
+                                comps[m] = _build(m, counter, cfg.out_dir / "slot-cache", dec)
+                            except BaseModelMismatchError as e:  # soft families run on their own base only
+                                comps[m] = None
+                                log(f"{dec} | {m}: skipped, {e}")
+                        if comps[m] is None:
+                            continue
                         log(f"{dec} | {spec.label} | {m} | ratio {r}: {len(todo)} questions")
                         if m.endswith(CACHED):  # fill the cache first (index time); the timed run reads it
                             for e in todo:
@@ -140,10 +146,14 @@ def _method_spec(m: str) -> Any:
     return spec
 
 
-def _build(m: str, counter: TokenCounter, cache_dir: Path) -> Any:
+def _build(m: str, counter: TokenCounter, cache_dir: Path, decoder: str) -> Any:
+    """A soft family is built for ``decoder`` (its slots live in that model's embedding space) and raises
+    :class:`BaseModelMismatchError` when it was trained on another base; text methods serve any decoder."""
+    spec = _method_spec(m)
+    options: dict[str, Any] = {"decoder": decoder} if spec.kind == "soft" else {}
     if m.endswith(CACHED):
-        return get_compressor(m[: -len(CACHED)], counter=counter, cache_dir=str(cache_dir))
-    return get_compressor(m, counter=counter)
+        options["cache_dir"] = str(cache_dir)
+    return get_compressor(spec.name, counter=counter, **options)
 
 
 def _bootstrap(diffs: list[float], seed: int = 0, n: int = 2000) -> tuple[float, float]:

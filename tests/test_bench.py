@@ -3,9 +3,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import make_tiny_llama
 
 from adapters.bench import BenchConfig, DatasetSpec, run_bench
-from compressor import InputError, UnknownNameError
+from compressor import BaseModelMismatchError, InputError, UnknownNameError
 from serving.cli import parse_dataset_label
 
 PASSAGES = [{"title": "Hamlet", "text": "Hamlet is a tragedy. It was written by William Shakespeare around 1600."},
@@ -70,7 +71,9 @@ def test_fixed_ratio_soft_method_runs_once_and_from_a_filled_cache(tmp_path, tin
 
     built = []
 
-    def make(counter, cache_dir=None):
+    def make(counter, cache_dir=None, decoder=None):
+        if decoder != str(tiny_model_dir):
+            raise BaseModelMismatchError(f"trained on {tiny_model_dir}, not {decoder}")
         cfg = ICAEConfig(base=str(tiny_model_dir), segment_tokens=16, lora_r=2, cache_dir=cache_dir)
         built.append(ICAECompressor(counter, ICAEEncoder(load_causal_lm(tiny_model_dir, "float32")[0], cfg),
                                     smol_tokenizer))
@@ -83,11 +86,20 @@ def test_fixed_ratio_soft_method_runs_once_and_from_a_filled_cache(tmp_path, tin
         data = tmp_path / "d.jsonl"
         data.write_text("\n".join(json.dumps({"id": f"q{i}", "question": f"Who wrote Hamlet {i}?", "passages": PASSAGES,
                                               "answers": ["William Shakespeare"]}) for i in range(2)) + "\n")
+        other = tmp_path / "other-decoder"  # a second decoder: the soft family is skipped there, text methods run
+        make_tiny_llama(len(smol_tokenizer), seed=1).save_pretrained(other)
+        smol_tokenizer.save_pretrained(other)
         cfg = BenchConfig(datasets=[DatasetSpec(label="toy", kind="jsonl", path=data)],
-                          methods=["toy_soft", "toy_soft@cache"], ratios=[2.0, 3.0], decoders=[str(tiny_model_dir)],
-                          limit=2, max_new_tokens=2, out_dir=tmp_path / "bench")
-        rows = run_bench(cfg, progress=False, log=lambda s: None)
-        assert {(r["method"], r["ratio_requested"]) for r in rows} == {("toy_soft", None), ("toy_soft@cache", None)}
+                          methods=["toy_soft", "toy_soft@cache", "bm25"], ratios=[2.0],
+                          decoders=[str(tiny_model_dir), str(other)], limit=2, max_new_tokens=2,
+                          out_dir=tmp_path / "bench")
+        logs = []
+        rows = run_bench(cfg, progress=False, log=logs.append)
+        assert {(r["decoder"], r["method"]) for r in rows} == {
+            (str(tiny_model_dir), "toy_soft"), (str(tiny_model_dir), "toy_soft@cache"), (str(tiny_model_dir), "bm25"),
+            (str(other), "bm25")}
+        assert sum("skipped, trained on" in x for x in logs) == 2
+        rows = [r for r in rows if r["method"] != "bm25"]
         assert all(r["ratio"] > 2.0 for r in rows)
         plain, cached = built
         assert plain.cache is None and plain.encoded_passages == 4
