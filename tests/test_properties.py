@@ -85,11 +85,12 @@ def minilm(counter):
 @pytest.fixture(scope="module")
 def sentinel(counter, tiny_model_dir):
     from compressor.sentinel import SentinelCompressor, SentinelConfig, SentinelProbe
+    from compressor.sentinel.config import DEFAULT_LAYOUT
     from compressor.sentinel.probe import AttentionProbe
 
     attention = AttentionProbe.load(str(tiny_model_dir), dtype="float32")
     rng = np.random.default_rng(0)
-    width = 2 * 2 * 4 + 2  # question + final blocks x 2 layers x 4 heads, + 2 extra features
+    width = DEFAULT_LAYOUT.width(2, 4)  # every attention block x 2 layers x 4 heads, + the scalars
     probe = SentinelProbe(rng.normal(size=width), np.abs(rng.normal(size=width)) + 0.1, rng.normal(size=width), 0.1)
     return SentinelCompressor(counter, SentinelConfig(proxy=str(tiny_model_dir), dtype="float32"), probe, attention)
 
