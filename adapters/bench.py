@@ -104,11 +104,13 @@ def run_bench(cfg: BenchConfig, progress: bool = True, log: Callable[[str], None
                 has_evidence = any(p.evidence for e in exs for p in e.passages)
                 for m in cfg.methods:
                     if m == "oracle" and not has_evidence:
-                        continue
+                        continue  # and below, only the questions whose passages hold evidence
                     fixed = m in REFERENCE_METHODS or _method_spec(m).fixed_ratio
                     ratios: Sequence[float | None] = [None] if fixed else cfg.ratios
                     for r in ratios:
                         todo = [e for e in exs if (dec, spec.label, m, r, e.id) not in done]
+                        if m == "oracle":  # e.g. retrieval that missed the gold passage: no evidence to keep
+                            todo = [e for e in todo if any(p.evidence for p in e.passages)]
                         if not todo:
                             continue
                         if m not in comps:

@@ -106,3 +106,17 @@ def test_fixed_ratio_soft_method_runs_once_and_from_a_filled_cache(tmp_path, tin
         assert cached.encoded_passages == 2 and cached.cache.hits == 6  # fill: 2 misses + 2 hits; timed: 4 hits
     finally:
         _REGISTRY.pop("toy_soft", None)
+
+
+def test_oracle_runs_only_where_evidence_is_labelled(tmp_path, tiny_model_dir):
+    """Retrieval can miss the gold passage: those questions have no evidence, and the oracle skips them
+    (its row counts the rest) instead of failing the grid."""
+    with_ev = [{"title": "Hamlet", "text": PASSAGES[0]["text"], "evidence": [[0, 20]]}, PASSAGES[1]]
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(json.dumps({"id": f"q{i}", "question": "Who wrote Hamlet?",
+                                          "passages": with_ev if i == 0 else PASSAGES,
+                                          "answers": ["William Shakespeare"]}) for i in range(3)) + "\n")
+    cfg = BenchConfig(datasets=[DatasetSpec(label="toy", kind="jsonl", path=data)], methods=["none", "oracle"],
+                      decoders=[str(tiny_model_dir)], limit=3, max_new_tokens=2, out_dir=tmp_path / "bench")
+    rows = {r["method"]: r for r in run_bench(cfg, progress=False, log=lambda s: None)}
+    assert rows["none"]["n"] == 3 and rows["oracle"]["n"] == 1
