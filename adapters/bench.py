@@ -27,6 +27,7 @@ from compressor.registry import get_compressor, get_spec
 from .backends import GenerationParams, HFBackend
 from .datasets import QAExample, add_distractors, corpus_of, load_dataset
 from .evaluate import evaluate
+from .metrics import abstention_rate
 
 __all__ = ["DatasetSpec", "BenchConfig", "run_bench", "summarize_bench", "REFERENCE_METHODS"]
 
@@ -101,15 +102,12 @@ def run_bench(cfg: BenchConfig, progress: bool = True, log: Callable[[str], None
             comps: dict[str, Any] = {}
             for spec in cfg.datasets:
                 exs = data[spec.label]
-                has_evidence = any(p.evidence for e in exs for p in e.passages)
                 for m in cfg.methods:
-                    if m == "oracle" and not has_evidence:
-                        continue  # and below, only the questions whose passages hold evidence
                     fixed = m in REFERENCE_METHODS or _method_spec(m).fixed_ratio
                     ratios: Sequence[float | None] = [None] if fixed else cfg.ratios
                     for r in ratios:
                         todo = [e for e in exs if (dec, spec.label, m, r, e.id) not in done]
-                        if m == "oracle":  # e.g. retrieval that missed the gold passage: no evidence to keep
+                        if m == "oracle":  # only questions with labelled evidence (retrieval can miss the gold)
                             todo = [e for e in todo if any(p.evidence for p in e.passages)]
                         if not todo:
                             continue
@@ -184,7 +182,7 @@ def summarize_bench(samples_path: Path, cfg: BenchConfig) -> list[dict[str, Any]
             "decoder": dec, "dataset": ds, "method": m, "ratio_requested": rr, "n": len(g),
             "em": mean("em"), "f1": mean("f1"), "accuracy": mean("accuracy"),
             "evidence_recall": mean("evidence_recall"),
-            "abstention": mean("abstained", [r for r in g if not r["answers"] and "abstained" in r]),
+            "abstention": abstention_rate(g),
             "tokens_in_mean": tin / len(g), "tokens_out_mean": tout / len(g), "ratio": tin / tout if tout else None,
             "compress_s_mean": mean("compress_s"), "ttft_s_mean": mean("ttft_s"), "e2e_s_mean": mean("e2e_s"),
             "decode_tok_s": (sum(r["new_tokens"] for r in g) / max(1e-9, sum(r["e2e_s"] - r["compress_s"] - r["ttft_s"] for r in g))),

@@ -12,7 +12,7 @@ from compressor.base import Budget, Compressor
 
 from .backends import DecoderBackend, GenerationParams
 from .datasets import QAExample
-from .metrics import abstained, accuracy, evidence_recall, exact_match, f1_score
+from .metrics import abstained, abstention_rate, accuracy, evidence_recall, exact_match, f1_score
 
 __all__ = ["evaluate", "summarize"]
 
@@ -80,7 +80,7 @@ def summarize(records: list[dict], method: str, ratio_requested: float | None, *
         "f1": _mean([r["f1"] for r in records]),
         "accuracy": _mean([r["accuracy"] for r in records]),
         "evidence_recall": _mean([r["evidence_recall"] for r in records]),
-        "abstention": _mean([float(r["abstained"]) for r in records if not r["answers"] and "abstained" in r]),
+        "abstention": abstention_rate(records),
         "tokens_in_mean": tin / len(records) if records else None,
         "tokens_out_mean": tout / len(records) if records else None,
         "ratio": (tin / tout) if tout else None,

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from compressor.base import CompressedContext, Passage
 
-__all__ = ["normalize_answer", "exact_match", "f1_score", "accuracy", "abstained", "evidence_recall"]
+__all__ = ["normalize_answer", "exact_match", "f1_score", "accuracy", "abstained", "abstention_rate", "evidence_recall"]
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
@@ -59,6 +59,12 @@ def abstained(pred: str) -> bool:
     """The prediction declines to answer (an empty reply, or a refusal phrase such as "unanswerable", "not
     mentioned", "the context does not say"). Used for SQuAD v2's unanswerable questions."""
     return not pred.strip() or bool(_ABSTAIN.search(pred.lower().replace("\u2019", "'")))
+
+
+def abstention_rate(records: Sequence[dict]) -> float | None:
+    """Share of the unanswerable questions (no gold answer) whose prediction abstained; None without any."""
+    flags = [float(r["abstained"]) for r in records if not r["answers"] and "abstained" in r]
+    return sum(flags) / len(flags) if flags else None
 
 
 def evidence_recall(ctx: CompressedContext, passages: Sequence[Passage], min_cover: float = 0.9) -> float | None:

@@ -119,12 +119,14 @@ LAYOUT_CANDIDATES: dict[str, FeatureLayout] = {
 }
 
 
-def _fit_and_score(tr, val, cols, c, seed, auc_fn):
+def _fit_and_score(tr, val, cols, c, seed):
+    from sklearn.metrics import roc_auc_score
+
     X = np.concatenate([q.x[:, cols] for q in tr])
     Y = np.concatenate([q.y for q in tr])
     probe = fit_probe(X, Y, c, seed)
     val_k = [QuestionFeatures(q.source, q.x[:, cols], q.y, q.costs, q.tokens_in) for q in val]
-    auc = float(auc_fn(np.concatenate([q.y for q in val]), probe(np.concatenate([q.x for q in val_k]))))
+    auc = float(roc_auc_score(np.concatenate([q.y for q in val]), probe(np.concatenate([q.x for q in val_k]))))
     return probe, auc, recall_at_budget(val_k, probe, 0.20), recall_at_budget(val_k, probe, 0.33)
 
 
@@ -146,8 +148,6 @@ def train_sentinel(
     with a report. Layouts (default :data:`LAYOUT_CANDIDATES`) are compared at full depth; the chosen one
     is the best validation recall@20%. The depth chosen is the shallowest whose validation recall@20% is
     within ``recall_tolerance`` of the best (cheaper compression for the same quality)."""
-    from sklearn.metrics import roc_auc_score
-
     layouts = layouts or LAYOUT_CANDIDATES
     full = FeatureLayout(tuple(dict.fromkeys(b for lay in layouts.values() for b in lay.pooling)),
                          tuple(dict.fromkeys(e for lay in layouts.values() for e in lay.extra)))
@@ -176,7 +176,7 @@ def train_sentinel(
     for name, lay in layouts.items():
         cols = select_columns(full, n_layers, lay, n_layers, heads)
         for c in c_grid:
-            _, auc, r20, r33 = _fit_and_score(tr, val, cols, c, seed, roc_auc_score)
+            _, auc, r20, r33 = _fit_and_score(tr, val, cols, c, seed)
             ablation.append({"layout": name, "C": c, "val_auc": round(auc, 4), "val_recall@20%": round(r20, 4),
                              "val_recall@33%": round(r33, 4)})
             log(f"layout {name!r:<45} C={c:<5} auc={auc:.4f} recall@20%={r20:.4f} recall@33%={r33:.4f}")
@@ -198,7 +198,7 @@ def train_sentinel(
     for k in grid:
         cols = select_columns(full, n_layers, layout, k, heads)
         for c in c_grid:
-            probe, auc, r20, r33 = _fit_and_score(tr, val, cols, c, seed, roc_auc_score)
+            probe, auc, r20, r33 = _fit_and_score(tr, val, cols, c, seed)
             rows.append({"layers": k, "C": c, "val_auc": round(auc, 4), "val_recall@20%": round(r20, 4),
                          "val_recall@33%": round(r33, 4), "s_per_question": round(timing[k], 4)})
             log(f"layers={k:>3} C={c:<5} auc={auc:.4f} recall@20%={r20:.4f} recall@33%={r33:.4f} "
