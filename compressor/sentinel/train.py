@@ -79,10 +79,12 @@ def load_features(path: str | Path, layout: FeatureLayout = DEFAULT_LAYOUT) -> l
     cached = FeatureLayout(tuple(z["pooling"].tolist()), tuple(z["extra"].tolist())) if "pooling" in z else None
     if cached != layout:
         raise ValueError(f"{path} holds features of layout {cached}, not {layout}: delete it to re-extract")
+    # read each array once: indexing an NpzFile decompresses the whole array again on every access
+    x, y, costs, src, tok_in = z["x"], z["y"], z["costs"], z["source"], z["tokens_in"]
     out, start = [], 0
     for i, n in enumerate(z["lens"]):
-        out.append(QuestionFeatures(str(z["source"][i]), z["x"][start:start + n], z["y"][start:start + n],
-                                    z["costs"][start:start + n].tolist(), int(z["tokens_in"][i])))
+        out.append(QuestionFeatures(str(src[i]), x[start:start + n], y[start:start + n],
+                                    costs[start:start + n].tolist(), int(tok_in[i])))
         start += n
     return out
 
