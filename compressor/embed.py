@@ -19,26 +19,38 @@ class Embedder:
     def dim(self) -> int:
         return int(self.model.config.hidden_size)
 
-    def encode(self, texts: Sequence[str], batch_size: int = 64) -> Any:
+    def encode(self, texts: Sequence[str], batch_size: int = 16) -> Any:
+        """Rows in the order of ``texts``. Texts are batched by length (shortest first), so a batch pads to
+        similar lengths: the same vectors as input-order batching, in about half the time on sentences."""
         import torch
 
-        outs = []
+        if not texts:
+            return torch.zeros(0, self.dim)
+        lengths = [len(ids) for ids in self.tokenizer(list(texts), truncation=True,
+                                                      max_length=self.max_length)["input_ids"]]
+        order = sorted(range(len(texts)), key=lambda i: lengths[i])
+        out = torch.empty(len(texts), self.dim)
         with torch.inference_mode():
-            for i in range(0, len(texts), batch_size):
-                enc = self.tokenizer(list(texts[i:i + batch_size]), padding=True, truncation=True,
+            for i in range(0, len(order), batch_size):
+                rows = order[i:i + batch_size]
+                enc = self.tokenizer([texts[j] for j in rows], padding=True, truncation=True,
                                      max_length=self.max_length, return_tensors="pt")
-                h = self.model(**enc).last_hidden_state
+                h = self.model(**enc).last_hidden_state.float()
                 m = enc["attention_mask"].unsqueeze(-1).to(h.dtype)
                 v = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
-                outs.append(torch.nn.functional.normalize(v, dim=-1).float())
-        if not outs:
-            return torch.zeros(0, self.dim)
-        return torch.cat(outs)
+                out[rows] = torch.nn.functional.normalize(v, dim=-1).float()
+        return out
 
 
 @functools.lru_cache(maxsize=4)
-def get_embedder(name_or_path: str = "minilm-l6") -> Embedder:
+def get_embedder(name_or_path: str = "minilm-l6", dtype: str = "float32") -> Embedder:
+    """A cached embedder. ``dtype="bfloat16"`` runs the encoder in bf16 (about 2x faster on a CPU with AMX;
+    cosine similarities move by up to ~0.005); pooling and normalisation stay fp32."""
+    import torch
+
     from .models import load_embedder
 
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"embedder dtype {dtype!r}: choose float32, bfloat16 or float16")
     model, tok = load_embedder(name_or_path)
-    return Embedder(model, tok, name_or_path)
+    return Embedder(model.to(getattr(torch, dtype)), tok, name_or_path)

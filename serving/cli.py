@@ -86,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     ts.add_argument("--data", type=Path, default=Path("../shared/data"), help="the shared data folder")
     ts.add_argument("--out", type=Path, required=True, help="artifact folder to write")
     ts.add_argument("--proxy", default="smollm2-135m-instruct")
+    ts.add_argument("--embedder", default="minilm-l6", help="sentence embedder of the embed_* features")
     ts.add_argument("--hotpotqa", type=int, default=200, help="HotpotQA training questions")
     ts.add_argument("--nq", type=int, default=150, help="NQ training questions")
     ts.add_argument("--squad", type=int, default=150, help="SQuAD training questions")
@@ -357,7 +358,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     records, data = sentinel_records(args.data, args.hotpotqa, args.nq, args.squad, seed=args.seed)
     counter = TokenCounter.from_tokenizer(load_tokenizer(args.proxy))
-    comp, report = train_sentinel(records, counter, proxy=args.proxy, seed=args.seed,
+    comp, report = train_sentinel(records, counter, proxy=args.proxy, embedder=args.embedder, seed=args.seed,
                                   features_cache=args.features_cache)
     training = {"data": data, **{k: v for k, v in report.items() if k not in ("chosen", "grid", "layout_ablation")}}
     scores = {**report["chosen"], "layout_ablation": report["layout_ablation"], "grid": report["grid"]}

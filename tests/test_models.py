@@ -44,3 +44,23 @@ def test_embedder_is_minilm():
     v = e.encode(["a cat", "a kitten", "stock market"])
     assert tuple(v.shape) == (3, 384)
     assert float(v[0] @ v[1]) > float(v[0] @ v[2])
+
+
+def test_embedder_length_batching_keeps_input_order_and_bf16_is_close():
+    """Texts are batched by length: each row is still its own text's vector, as if embedded alone."""
+    import pytest
+    import torch
+
+    from compressor.embed import get_embedder
+
+    e = get_embedder("minilm-l6")
+    texts = ["a cat", "The stock market fell sharply on Monday after the central bank raised rates.", "dogs bark",
+             "Paris is the capital of France.", ""]
+    v = e.encode(texts, batch_size=2)
+    alone = torch.cat([e.encode([t]) for t in texts])
+    torch.testing.assert_close(v, alone, rtol=1e-4, atol=1e-5)
+    assert tuple(e.encode([]).shape) == (0, 384)
+    b = get_embedder("minilm-l6", "bfloat16").encode(texts)
+    assert b.dtype == torch.float32 and float((b - v).abs().max()) < 0.02
+    with pytest.raises(ValueError, match="embedder dtype 'int8'"):
+        get_embedder("minilm-l6", "int8")

@@ -51,7 +51,7 @@ def test_features_match_eager_attention(tiny_probe):
     f = tiny_probe.features(q, PASSAGES, _spans(PASSAGES))
     n_sent = sum(len(s) for s in _spans(PASSAGES))
     LH = 2 * 4
-    assert f.x.shape == (n_sent, 4 * LH + 7) == (n_sent, DEFAULT_LAYOUT.width(2, 4))
+    assert f.x.shape == (n_sent, 4 * LH + 9) == (n_sent, DEFAULT_LAYOUT.width(2, 4))
     text, ranges, (qa, qb), pranges = tiny_probe._prompt(q, PASSAGES, _spans(PASSAGES))
     enc = tiny_probe.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offs = enc["input_ids"], enc["offset_mapping"]
@@ -80,6 +80,15 @@ def test_structure_and_lexical_scalars(tiny_probe):
     np.testing.assert_allclose(ex["question_overlap"], [1.0, 0, 0, 0.5, 0, 0])
     np.testing.assert_allclose(ex["title_overlap"], [0, 0, 0, 0, 0, 0])
     assert ex["bm25_z"].argmax() == 0 and abs(ex["bm25_z"].mean()) < 1e-5
+    # embedder similarity: MiniLM cosine of the title-prefixed sentence to the question, raw and z-scored
+    from compressor.embed import get_embedder
+
+    sents = [f"{p.title}: {p.text[a:b]}" for p in PASSAGES for a, b in split_sentences(p.text)]
+    v = get_embedder("minilm-l6").encode(["What is the capital of France?"] + sents)
+    np.testing.assert_allclose(ex["embed_cos"], (v[1:] @ v[0]).numpy(), rtol=1e-4, atol=1e-5)
+    assert ex["embed_cos"].argmax() == 0 and abs(ex["embed_z"].mean()) < 1e-5
+    np.testing.assert_allclose(ex["embed_z"], (ex["embed_cos"] - ex["embed_cos"].mean()) / (ex["embed_cos"].std()
+                                                                                            + 1e-6), rtol=1e-4)
     # a layout reads only its named columns, in its order
     lay = FeatureLayout(("final:zlogmean",), ("bm25_z", "first_in_passage"))
     g = tiny_probe.features("What is the capital of France?", PASSAGES, _spans(PASSAGES), layout=lay)
@@ -138,7 +147,7 @@ def test_works_on_gemma3_architecture(smol_tokenizer, tmp_path):
     smol_tokenizer.save_pretrained(tmp_path)
     probe = AttentionProbe.load(str(tmp_path), dtype="float32")
     f = probe.features("What is the capital of France?", PASSAGES, _spans(PASSAGES))
-    assert f.x.shape[1] == 4 * 3 * 4 + 7 and np.isfinite(f.x).all()
+    assert f.x.shape[1] == 4 * 3 * 4 + 9 == DEFAULT_LAYOUT.width(3, 4) and np.isfinite(f.x).all()
     # sliding-window layers are masked like the model masks them: features match eager attention
     text, ranges, (qa, qb), _ = probe._prompt("What is the capital of France?", PASSAGES, _spans(PASSAGES))
     enc = probe.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -185,6 +194,14 @@ def test_artifact_round_trip_and_mismatch(counter, tiny_probe, tmp_path, smol_to
     assert again.layout == DEFAULT_LAYOUT and cfg["features"]["n_features"] == DEFAULT_LAYOUT.width(2, 4)
     with pytest.raises(ConfigError, match="fixed by the trained probe"):
         SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_probe, layers=1)
+    # the embedder of the embed_* features is recorded by hash and checked like the proxy
+    assert cfg["embedder"]["id"] == "minilm-l6" and len(cfg["embedder"]["sha256"]) == 64
+    (path / "compressor_config.json").write_text(json.dumps({**cfg, "embedder": {"id": "minilm-l6", "sha256": "0" * 64}}))
+    with pytest.raises(BaseModelMismatchError, match="trained with embedder 'minilm-l6'"):
+        SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_probe)
+    (path / "compressor_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="embeds with 'minilm-l6' but the config names embedder='other'"):
+        SentinelCompressor(counter, comp.config.model_copy(update={"embedder": "other"}), comp.probe, tiny_probe)
     other = tmp_path / "other-proxy"
     make_tiny_llama(len(smol_tokenizer), seed=1).save_pretrained(other)
     with pytest.raises(BaseModelMismatchError, match="trained with proxy"):

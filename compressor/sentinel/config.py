@@ -10,10 +10,11 @@ from pydantic import Field
 from ..errors import ConfigError
 from ..filters.base import SentenceFilterConfig
 
-__all__ = ["SentinelConfig", "FeatureLayout", "FORMAT_VERSION", "DEFAULT_LAYOUT", "V1_LAYOUT"]
+__all__ = ["SentinelConfig", "FeatureLayout", "FORMAT_VERSION", "DEFAULT_LAYOUT", "V1_LAYOUT", "EMBED_EXTRAS"]
 
 # 2: the feature layout is named in the manifest (format-1 artifacts read as V1_LAYOUT)
-FORMAT_VERSION = 2
+# 3: a layout may name the embedder-similarity scalars; the embedder's id and sha256 are recorded and checked
+FORMAT_VERSION = 3
 
 
 class SentinelConfig(SentenceFilterConfig):
@@ -24,15 +25,21 @@ class SentinelConfig(SentenceFilterConfig):
     layers: int | None = Field(default=None, ge=1, le=256, description="Early exit: proxy layers to run.")
     query_positions: int = Field(default=4, ge=1, le=64, description="Final prompt positions whose attention is read.")
     max_context_tokens: int = Field(default=8192, ge=16, description="Longest proxy prompt accepted.")
-    dtype: str = Field(default="bfloat16", pattern="^(bfloat16|float32|float16)$", description="Proxy dtype.")
+    dtype: str = Field(default="bfloat16", pattern="^(bfloat16|float32|float16)$",
+                       description="Dtype of the proxy and of the embedder.")
+    embedder: str = Field(default="minilm-l6", description="Sentence embedder of the embed_cos / embed_z features "
+                          "(named model or local folder); read only when the probe's layout names them.")
 
 
 # Attention blocks: ``layers * heads`` columns each, a per-question z-score of the log mean attention that a
 # group of query positions (the question's tokens, or the final prompt positions) pays to the sentence, or to
-# the whole passage holding it (title included). Scalars: one column each.
+# the whole passage holding it (title included). Scalars: one column each; ``embed_cos`` / ``embed_z`` are the
+# cosine similarity of the title-prefixed sentence's embedding to the question's (``SentinelConfig.embedder``)
+# and its per-question z-score.
 ATTN_BLOCKS = ("question:zlogmean", "final:zlogmean", "passage_question:zlogmean", "passage_final:zlogmean")
 EXTRAS = ("log1p_tokens", "relative_position", "first_in_passage", "log1p_index_in_passage",
-          "question_overlap", "title_overlap", "bm25_z")
+          "question_overlap", "title_overlap", "bm25_z", "embed_cos", "embed_z")
+EMBED_EXTRAS = ("embed_cos", "embed_z")
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,10 @@ class FeatureLayout:
             if bad or len(set(names)) != len(names):
                 raise ConfigError(f"feature layout {field_name}={list(names)}: unknown or repeated names {bad}; "
                                   f"choose from {list(allowed)}")
+
+    @property
+    def uses_embedder(self) -> bool:
+        return any(e in self.extra for e in EMBED_EXTRAS)
 
     def width(self, layers: int, heads: int) -> int:
         return len(self.pooling) * layers * heads + len(self.extra)

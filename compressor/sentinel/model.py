@@ -59,6 +59,9 @@ class SentinelCompressor(SentenceFilter):
         if probe.coef.shape[0] != width:
             raise ConfigError(f"the probe has {probe.coef.shape[0]} weights but the feature layout "
                               f"{layout} at {config.layers or attention.n_layers} layers gives {width} columns")
+        if layout.uses_embedder and getattr(attention, "embedder", None) != config.embedder:
+            raise ConfigError(f"the attention reader embeds with {getattr(attention, 'embedder', None)!r} but the "
+                              f"config names embedder={config.embedder!r}; build both with the same embedder")
         self.probe, self.attention, self.layout, self.manifest = probe, attention, layout, manifest or {}
 
     def score_sentences(self, query: str, passages: list[Passage], sentences: list[Sentence]) -> np.ndarray:
@@ -82,13 +85,15 @@ class SentinelCompressor(SentenceFilter):
             "library_version": __version__,
             "proxy": {"id": model_id(self.config.proxy), "sha256": model_fingerprint(self.config.proxy),
                       "num_layers": self.attention.n_layers, "num_heads": self.attention.n_heads},
-            "config": self.config.model_dump(exclude={"proxy"}),
+            "config": self.config.model_dump(exclude={"proxy", "embedder"}),
             "features": {"layers": self.config.layers or self.attention.n_layers, "heads": self.attention.n_heads,
                          "pooling": list(self.layout.pooling), "extra": list(self.layout.extra),
                          "query_positions": self.config.query_positions, "n_features": int(self.probe.coef.shape[0])},
             "training": training if training is not None else self.manifest.get("training"),
             "scores": scores if scores is not None else self.manifest.get("scores"),
         }
+        if self.layout.uses_embedder:
+            cfg["embedder"] = {"id": model_id(self.config.embedder), "sha256": model_fingerprint(self.config.embedder)}
         return write_artifact(directory, cfg, self.probe.tensors(), card or _card(cfg))
 
     @classmethod
@@ -108,15 +113,24 @@ class SentinelCompressor(SentenceFilter):
         fixed = {"layers", "query_positions"}
         if fixed & overrides.keys():
             raise ConfigError(f"{sorted(fixed & overrides.keys())} are fixed by the trained probe; retrain to change them")
-        config = SentinelConfig(**{**cfg["config"], **overrides, "proxy": proxy})
-        if attention is None:
-            attention = AttentionProbe.load(proxy, dtype=config.dtype, query_positions=config.query_positions,
-                                            max_context_tokens=config.max_context_tokens)
         try:
             layout = FeatureLayout.from_manifest(cfg["features"])
         except (KeyError, TypeError) as e:
             raise ArtifactError(f"artifact {directory}: compressor_config.json has no valid features.pooling / "
                                 f"features.extra ({e}); re-save it with `ragpress train sentinel`") from e
+        embedder = overrides.pop("embedder", None)
+        if layout.uses_embedder:
+            record = cfg.get("embedder") if isinstance(cfg.get("embedder"), dict) else {}
+            embedder = embedder or (record.get("id") if record.get("id") in NAMED_MODELS else None)
+            if embedder is None:
+                raise ConfigError(f"artifact {directory} was trained with a local embedder folder "
+                                  f"{record.get('id')!r}: pass embedder=PATH")
+            check_base_model(cfg, "embedder", embedder, model_fingerprint(embedder))
+        embedder = embedder or SentinelConfig().embedder
+        config = SentinelConfig(**{**cfg["config"], **overrides, "proxy": proxy, "embedder": embedder})
+        if attention is None:
+            attention = AttentionProbe.load(proxy, dtype=config.dtype, query_positions=config.query_positions,
+                                            max_context_tokens=config.max_context_tokens, embedder=config.embedder)
         probe = SentinelProbe(t["scaler_mean"].astype(np.float64), t["scaler_scale"].astype(np.float64),
                               t["coef"].astype(np.float64), float(t["intercept"][0]))
         return cls(counter, config, probe, attention, layout=layout, manifest=cfg)
@@ -129,6 +143,8 @@ def _card(cfg: dict[str, Any]) -> str:
         "",
         f"Proxy: `{cfg['proxy']['id']}` (sha256 `{cfg['proxy']['sha256']}`), first {cfg['features']['layers']} of "
         f"{cfg['proxy']['num_layers']} layers, {cfg['features']['n_features']} features.",
+        *([f"Embedder of the embed_* features: `{cfg['embedder']['id']}` (sha256 `{cfg['embedder']['sha256']}`)."]
+          if cfg.get("embedder") else []),
         "Classifier: standardised features + logistic regression (scikit-learn), stored as tensors.",
         "",
         "Training data: " + str((cfg.get("training") or {}).get("data", "")),

@@ -134,13 +134,16 @@ class ProbeFeatures:
 class AttentionProbe:
     """Runs the proxy over ``context + question`` and returns per-sentence attention features."""
 
-    def __init__(self, model: Any, tokenizer: Any, query_positions: int = 4, max_context_tokens: int = 8192) -> None:
+    def __init__(self, model: Any, tokenizer: Any, query_positions: int = 4, max_context_tokens: int = 8192,
+                 embedder: str = "minilm-l6", embedder_dtype: str = "float32") -> None:
         _register()
         if getattr(model.config, "_attn_implementation", None) != ATTN_IMPL:
             model.set_attn_implementation(ATTN_IMPL)
         self.model, self.tokenizer = model, tokenizer
         self.m = query_positions
         self.max_context_tokens = max_context_tokens
+        self.embedder = embedder  # loaded on first use, only by a layout naming the embed_* scalars
+        self.embedder_dtype = embedder_dtype
         cfg = model.config.get_text_config()
         self.n_layers, self.n_heads = int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
 
@@ -150,7 +153,7 @@ class AttentionProbe:
 
         _register()
         model, tok = load_causal_lm(name_or_path, dtype=dtype)
-        return cls(model, tok, **kw)
+        return cls(model, tok, **{"embedder_dtype": dtype, **kw})
 
     def n_features(self, layers: int, layout: FeatureLayout = DEFAULT_LAYOUT) -> int:
         return layout.width(layers, self.n_heads)
@@ -199,8 +202,9 @@ class AttentionProbe:
         its whole passage, title included), as a per-question z-score of its log: attention is relative, what
         matters is how a sentence compares with the others of the same context. Scalars: log token count,
         relative position, first-in-passage flag and log index within the passage, the share of the
-        question's content words found in the sentence and in the passage title, and the z-scored BM25
-        score of the title-prefixed sentence among the context's sentences."""
+        question's content words found in the sentence and in the passage title, the z-scored BM25
+        score of the title-prefixed sentence among the context's sentences, and the cosine similarity of its
+        embedding (``self.embedder``) to the question's, raw and z-scored."""
         from ..filters.bm25 import bm25_scores
 
         layers = self.n_layers if layers is None else min(layers, self.n_layers)
@@ -264,9 +268,16 @@ class AttentionProbe:
             "first_in_passage": [float(j == 0) for sp in spans for j in range(len(sp))],
             "log1p_index_in_passage": [math.log1p(j) for sp in spans for j in range(len(sp))],
         }
+        sents = [passages[pi].text[a:b] for pi, sp in enumerate(spans) for a, b in sp]
+        titles = [passages[pi].title or "" for pi in owner]
+        if layout.uses_embedder:
+            from ..embed import get_embedder
+
+            v = get_embedder(self.embedder, self.embedder_dtype).encode([query] + [f"{t}: {s}" if t else s for t, s in zip(titles, sents)])
+            cos = (v[1:] @ v[0]).numpy().astype(np.float64)
+            extras["embed_cos"] = cos
+            extras["embed_z"] = _zscore(cos[:, None])[:, 0] if n else []
         if {"question_overlap", "title_overlap", "bm25_z"} & set(layout.extra):
-            sents = [passages[pi].text[a:b] for pi, sp in enumerate(spans) for a, b in sp]
-            titles = [passages[pi].title or "" for pi in owner]
             share = lambda t: len(qwords & _content_words(t)) / len(qwords) if qwords else 0.0  # noqa: E731
             extras["question_overlap"] = [share(t) for t in sents]
             extras["title_overlap"] = [share(t) for t in titles]

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from ..base import Passage, TokenCounter
 from ..filters.base import select_within_budget
 from ..text import split_sentences
-from .config import DEFAULT_LAYOUT, V1_LAYOUT, FeatureLayout, SentinelConfig
+from .config import DEFAULT_LAYOUT, EMBED_EXTRAS, V1_LAYOUT, FeatureLayout, SentinelConfig
 from .model import SentinelCompressor, SentinelProbe
 from .probe import AttentionProbe, select_columns
 
@@ -116,7 +116,9 @@ LAYOUT_CANDIDATES: dict[str, FeatureLayout] = {
     "v1 (sentence attention, size, position)": V1_LAYOUT,
     "+ passage structure": FeatureLayout(V1_LAYOUT.pooling, DEFAULT_LAYOUT.extra[:4]),
     "+ passage attention": FeatureLayout(DEFAULT_LAYOUT.pooling, DEFAULT_LAYOUT.extra[:4]),
-    "+ lexical (no passage attention)": FeatureLayout(V1_LAYOUT.pooling, DEFAULT_LAYOUT.extra),
+    "+ lexical (no passage attention)": FeatureLayout(V1_LAYOUT.pooling, DEFAULT_LAYOUT.extra[:7]),
+    "+ passage attention + embedder similarity": FeatureLayout(DEFAULT_LAYOUT.pooling,
+                                                               DEFAULT_LAYOUT.extra[:4] + EMBED_EXTRAS),
     "all": DEFAULT_LAYOUT,
 }
 
@@ -136,6 +138,7 @@ def train_sentinel(
     records: Sequence[tuple[str, str, list[Passage]]],
     counter: TokenCounter,
     proxy: str = "smollm2-135m-instruct",
+    embedder: str = "minilm-l6",
     layer_grid: Sequence[int] = (2, 4, 6, 8, 12, 16, 30),
     c_grid: Sequence[float] = (0.003, 0.01, 0.03),
     layouts: dict[str, FeatureLayout] | None = None,
@@ -153,7 +156,7 @@ def train_sentinel(
     layouts = layouts or LAYOUT_CANDIDATES
     full = FeatureLayout(tuple(dict.fromkeys(b for lay in layouts.values() for b in lay.pooling)),
                          tuple(dict.fromkeys(e for lay in layouts.values() for e in lay.extra)))
-    attention = AttentionProbe.load(proxy)
+    attention = AttentionProbe.load(proxy, embedder=embedder)
     n_layers, heads = attention.n_layers, attention.n_heads
     grid = sorted({min(k, n_layers) for k in layer_grid} | {n_layers})
     if features_cache is not None and Path(features_cache).exists():
@@ -189,6 +192,8 @@ def train_sentinel(
     # time per question for each depth, on validation questions
     timing: dict[int, float] = {}
     sample = [records[i] for i in idx[: min(8, n_val)]]
+    _, q0, ps0 = sample[0]
+    attention.features(q0, ps0, [split_sentences(p.text) for p in ps0], layers=1, layout=layout)  # warm-up: loads
     for k in grid:
         t0 = time.perf_counter()
         for _, q, ps in sample:
@@ -211,7 +216,7 @@ def train_sentinel(
     chosen = min(k for k, v in best.items() if v[0] >= top - recall_tolerance)
     r20, auc, probe = best[chosen]
     chosen_row = max((r for r in rows if r["layers"] == chosen), key=lambda r: (r["val_recall@20%"], r["val_auc"]))
-    config = SentinelConfig(proxy=proxy, layers=chosen)
+    config = SentinelConfig(proxy=proxy, layers=chosen, embedder=embedder)
     comp = SentinelCompressor(counter, config, probe, attention, layout=layout)
     sources: dict[str, int] = {}
     for q in feats:
