@@ -273,7 +273,8 @@ class AttentionProbe:
         if layout.uses_embedder:
             from ..embed import get_embedder
 
-            v = get_embedder(self.embedder, self.embedder_dtype).encode([query] + [f"{t}: {s}" if t else s for t, s in zip(titles, sents)])
+            docs = [f"{t}: {s}" if t else s for t, s in zip(titles, sents)]  # as the minilm filter scores them
+            v = get_embedder(self.embedder, self.embedder_dtype).encode([query] + docs)
             cos = (v[1:] @ v[0]).numpy().astype(np.float64)
             extras["embed_cos"] = cos
             extras["embed_z"] = _zscore(cos[:, None])[:, 0] if n else []
