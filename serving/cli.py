@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     ts.add_argument("--squad", type=int, default=150, help="SQuAD training questions")
     ts.add_argument("--seed", type=int, default=0)
     ts.add_argument("--features-cache", type=Path, help="npz cache of extracted features (reused if present)")
+    ts.add_argument("--layers", type=int, help="force the early-exit depth (default: chosen on validation)")
     _add_train_xrag(tsub)
     _add_train_icae(tsub)
     return ap
@@ -359,7 +360,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     records, data = sentinel_records(args.data, args.hotpotqa, args.nq, args.squad, seed=args.seed)
     counter = TokenCounter.from_tokenizer(load_tokenizer(args.proxy))
     comp, report = train_sentinel(records, counter, proxy=args.proxy, embedder=args.embedder, seed=args.seed,
-                                  features_cache=args.features_cache)
+                                  features_cache=args.features_cache, layers=args.layers)
     training = {"data": data, **{k: v for k, v in report.items() if k not in ("chosen", "grid", "layout_ablation")}}
     scores = {**report["chosen"], "layout_ablation": report["layout_ablation"], "grid": report["grid"]}
     path = comp.save_pretrained(args.out, training=training, scores=scores)

@@ -253,3 +253,39 @@ def test_shipped_probe_on_real_hotpotqa(counter):
         recalls.append(evidence_recall(ctx, e.passages))
     # 0.90 on the first 100 (bench); a random third of the sentences would keep about 0.39
     assert np.mean(recalls) > 0.6
+
+
+def test_train_sentinel_forced_depth_and_feature_cache(counter, tiny_model_dir, tmp_path):
+    """`ragpress train sentinel` on a tiny proxy: the forced depth is shipped, the feature cache is written once
+    and read back (the same probe), and the embedder layout records its embedder."""
+    from compressor.sentinel.config import EMBED_EXTRAS
+    from compressor.sentinel.train import load_features, train_sentinel
+
+    facts = ["Paris is the capital of France.", "Berlin is the capital of Germany.", "Rome is the capital of Italy.",
+             "Madrid is the capital of Spain."]
+    filler = "It rained on Tuesday. The bus was late again. A cat slept on the mat. Tea was served at noon."
+    records = []
+    for i in range(24):
+        fact = facts[i % 4]
+        text = f"{filler} {fact}" if i % 2 else f"{fact} {filler}"
+        start = text.index(fact)
+        gold = Passage(title="Capitals", text=text, evidence=((start, start + len(fact)),))
+        records.append(("unit", f"What is the capital named in fact {i % 4}?", [gold, Passage(title="Misc", text=filler)]))
+    layouts = {"v1": V1_LAYOUT, "embed": FeatureLayout(V1_LAYOUT.pooling, V1_LAYOUT.extra + EMBED_EXTRAS)}
+    cache = tmp_path / "feats.npz"
+    logs: list[str] = []
+    kw = dict(proxy=str(tiny_model_dir), layer_grid=(1, 2), c_grid=(0.1,), layouts=layouts, features_cache=cache,
+              progress=False, layers=1, log=logs.append)
+    comp, report = train_sentinel(records, counter, **kw)
+    assert comp.config.layers == 1 and report["chosen"]["layers"] == 1 and cache.exists()
+    assert {r["layers"] for r in report["grid"]} == {1, 2} and report["n_val_questions"] == 3
+    feats = load_features(cache, FeatureLayout(V1_LAYOUT.pooling, V1_LAYOUT.extra + EMBED_EXTRAS))
+    assert len(feats) == 24 and all(int(q.y.sum()) == 1 for q in feats)
+    again, _ = train_sentinel(records, counter, **kw)
+    assert any("features loaded" in m for m in logs)
+    np.testing.assert_allclose(again.probe.coef, comp.probe.coef)
+    if comp.layout.uses_embedder:
+        cfg = json.loads((comp.save_pretrained(tmp_path / "art") / "compressor_config.json").read_text())
+        assert cfg["embedder"]["id"] == "minilm-l6"
+    with pytest.raises(ValueError, match="layers=5: the proxy has 2 layers"):
+        train_sentinel(records, counter, **{**kw, "layers": 5})

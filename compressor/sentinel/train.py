@@ -148,17 +148,21 @@ def train_sentinel(
     progress: bool = True,
     log: Callable[[str], None] = print,
     features_cache: str | Path | None = None,
+    layers: int | None = None,
 ) -> tuple[SentinelCompressor, dict[str, Any]]:
     """Extract features, pick the layout, (layers, C) on validation questions, fit, and return the compressor
     with a report. Layouts (default :data:`LAYOUT_CANDIDATES`) are compared at full depth; the chosen one
     is the best validation recall@20%. The depth chosen is the shallowest whose validation recall@20% is
-    within ``recall_tolerance`` of the best (cheaper compression for the same quality)."""
+    within ``recall_tolerance`` of the best (cheaper compression for the same quality); ``layers`` forces the
+    depth instead (the grid still reports every depth)."""
     layouts = layouts or LAYOUT_CANDIDATES
     full = FeatureLayout(tuple(dict.fromkeys(b for lay in layouts.values() for b in lay.pooling)),
                          tuple(dict.fromkeys(e for lay in layouts.values() for e in lay.extra)))
     attention = AttentionProbe.load(proxy, embedder=embedder)
     n_layers, heads = attention.n_layers, attention.n_heads
-    grid = sorted({min(k, n_layers) for k in layer_grid} | {n_layers})
+    if layers is not None and not 1 <= layers <= n_layers:
+        raise ValueError(f"layers={layers}: the proxy has {n_layers} layers; choose 1..{n_layers} or None")
+    grid = sorted({min(k, n_layers) for k in layer_grid} | {n_layers} | ({layers} if layers else set()))
     if features_cache is not None and Path(features_cache).exists():
         feats = load_features(features_cache, full)
         if len(feats) != len(records):
@@ -213,7 +217,7 @@ def train_sentinel(
             if k not in best or (r20, auc) > best[k][:2]:
                 best[k] = (r20, auc, probe)
     top = max(v[0] for v in best.values())
-    chosen = min(k for k, v in best.items() if v[0] >= top - recall_tolerance)
+    chosen = layers or min(k for k, v in best.items() if v[0] >= top - recall_tolerance)
     r20, auc, probe = best[chosen]
     chosen_row = max((r for r in rows if r["layers"] == chosen), key=lambda r: (r["val_recall@20%"], r["val_auc"]))
     config = SentinelConfig(proxy=proxy, layers=chosen, embedder=embedder)
