@@ -38,8 +38,13 @@ class Embedder:
                 h = self.model(**enc).last_hidden_state.float()
                 m = enc["attention_mask"].unsqueeze(-1).to(h.dtype)
                 v = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
-                out[rows] = torch.nn.functional.normalize(v, dim=-1).float()
+                out[rows] = torch.nn.functional.normalize(v, dim=-1)
         return out
+
+    def similarity(self, query: str, docs: Sequence[str]) -> Any:
+        """Cosine similarity of each doc's embedding to the query's: float64 numpy ``[len(docs)]``."""
+        v = self.encode([query, *docs])
+        return (v[1:] @ v[0]).numpy().astype("float64")
 
 
 @functools.lru_cache(maxsize=4)

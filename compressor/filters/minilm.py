@@ -32,8 +32,7 @@ class MiniLMFilter(SentenceFilter):
         emb = get_embedder(self.config.embedder)
         docs = [f"{passages[s.passage].title}: {s.text}" if self.config.title_in_score and passages[s.passage].title
                 else s.text for s in sentences]
-        v = emb.encode([query] + docs)
-        return (v[1:] @ v[0]).numpy().astype(np.float64)
+        return emb.similarity(query, docs)
 
 
 def _make(counter: TokenCounter, **options) -> MiniLMFilter:

@@ -37,9 +37,9 @@ class SentinelConfig(SentenceFilterConfig):
 # cosine similarity of the title-prefixed sentence's embedding to the question's (``SentinelConfig.embedder``)
 # and its per-question z-score.
 ATTN_BLOCKS = ("question:zlogmean", "final:zlogmean", "passage_question:zlogmean", "passage_final:zlogmean")
-EXTRAS = ("log1p_tokens", "relative_position", "first_in_passage", "log1p_index_in_passage",
-          "question_overlap", "title_overlap", "bm25_z", "embed_cos", "embed_z")
 EMBED_EXTRAS = ("embed_cos", "embed_z")
+EXTRAS = ("log1p_tokens", "relative_position", "first_in_passage", "log1p_index_in_passage",
+          "question_overlap", "title_overlap", "bm25_z", *EMBED_EXTRAS)
 
 
 @dataclass(frozen=True)

@@ -274,8 +274,7 @@ class AttentionProbe:
             from ..embed import get_embedder
 
             docs = [f"{t}: {s}" if t else s for t, s in zip(titles, sents)]  # as the minilm filter scores them
-            v = get_embedder(self.embedder, self.embedder_dtype).encode([query] + docs)
-            cos = (v[1:] @ v[0]).numpy().astype(np.float64)
+            cos = get_embedder(self.embedder, self.embedder_dtype).similarity(query, docs)
             extras["embed_cos"] = cos
             extras["embed_z"] = _zscore(cos[:, None])[:, 0] if n else []
         if {"question_overlap", "title_overlap", "bm25_z"} & set(layout.extra):
