@@ -32,7 +32,8 @@ from .metrics import abstention_rate
 __all__ = ["DatasetSpec", "BenchConfig", "run_bench", "summarize_bench", "REFERENCE_METHODS"]
 
 REFERENCE_METHODS = ("none", "no_context", "oracle")
-CACHED = "@cache"  # suffix: a cacheable soft method timed on cache hits (the cache is filled before timing)
+CACHED = "@cache"  # suffix: a cacheable method (icae slots, sentinel sentence embeddings) timed on cache hits;
+# the cache is filled first, as an index would be ahead of time
 
 
 class DatasetSpec(BaseModel):
@@ -142,7 +143,7 @@ def _method_spec(m: str) -> Any:
     name = m[: -len(CACHED)] if m.endswith(CACHED) else m
     spec = get_spec(name)
     if m.endswith(CACHED) and not spec.cacheable:
-        raise ConfigError(f"method {name!r} keeps no compressed-passage cache; drop '{CACHED}' from {m!r}")
+        raise ConfigError(f"method {name!r} keeps no per-passage cache; drop '{CACHED}' from {m!r}")
     return spec
 
 

@@ -35,7 +35,7 @@ class CompressorSpec:
     kind: Literal["text", "soft"]
     description: str
     fixed_ratio: bool = False  # the ratio is set by training (soft families): benchmarks run it once, unbudgeted
-    cacheable: bool = False  # accepts ``cache_dir``: compressed passages are stored and reused
+    cacheable: bool = False  # accepts ``cache_dir``: per-passage work (slots, sentence embeddings) is stored and reused
 
 
 def register_compressor(

@@ -81,7 +81,7 @@ def test_fixed_ratio_soft_method_runs_once_and_from_a_filled_cache(tmp_path, tin
 
     register_compressor("toy_soft", make, kind="soft", description="test", fixed_ratio=True, cacheable=True)
     try:
-        with pytest.raises(ConfigError, match="no compressed-passage cache"):
+        with pytest.raises(ConfigError, match="no per-passage cache"):
             run_bench(BenchConfig(datasets=[], methods=["bm25@cache"], out_dir=tmp_path), progress=False)
         data = tmp_path / "d.jsonl"
         data.write_text("\n".join(json.dumps({"id": f"q{i}", "question": f"Who wrote Hamlet {i}?", "passages": PASSAGES,

@@ -20,6 +20,9 @@ def test_select_within_budget():
     assert select_within_budget([0.1, 0.9, 0.5], [5, 50, 5], 10) == [0, 2]  # skips what cannot fit
     assert select_within_budget([0.1, 0.9, 0.5], [5, 5, 5], None, threshold=0.4) == [1, 2]
     assert select_within_budget([0.5, 0.5], [5, 5], 5) == [0]  # ties keep the earlier sentence
+    assert select_within_budget([0.1, 0.2, 0.3], [5, 5, 5], 10, threshold=0.9) == []
+    assert select_within_budget([0.1, 0.2, 0.3], [5, 5, 5], 10, threshold=0.9, min_keep=1) == [2]
+    assert select_within_budget([0.1, 0.2, 0.3], [5, 5, 50], 10, threshold=0.9, min_keep=1) == [1]  # best that fits
 
 
 @pytest.mark.parametrize("method", ["bm25", "minilm"])
@@ -65,3 +68,20 @@ def test_bm25_on_real_hotpotqa_keeps_evidence(counter):
     comp = get_compressor("bm25", counter=counter)
     recalls = [evidence_recall(comp.compress(e.question, e.passages, Budget(ratio=3)), e.passages) for e in exs]
     assert sum(recalls) / len(recalls) > 0.5
+
+
+def test_min_score_stops_before_the_budget(counter):
+    """``min_score`` drops weak sentences even with room left, always keeps the best one, and gives way to a
+    budget's own threshold and to a budget that holds the whole input."""
+    q = "What is the capital of France?"
+    full = get_compressor("bm25", counter=counter).compress(q, PASSAGES, Budget(ratio=1.2))
+    comp = get_compressor("bm25", counter=counter, min_score=1e9)
+    ctx = comp.compress(q, PASSAGES, Budget(ratio=1.2))
+    assert len([i for p in ctx.passages for i in p.sentence_ids]) == 1 < len(full.passages[0].sentence_ids) + 1
+    assert "capital of France" in ctx.text
+    cut = sorted(s for p in full.passages for s in p.scores)[-2]
+    ctx = get_compressor("bm25", counter=counter, min_score=cut).compress(q, PASSAGES, Budget(ratio=1.2))
+    assert sorted(s for p in ctx.passages for s in p.scores) == sorted(s for p in full.passages for s in p.scores
+                                                                      if s >= cut)
+    assert comp.compress(q, PASSAGES, Budget(ratio=1.2, threshold=-1e9)).tokens_out == full.tokens_out
+    assert comp.compress(q, PASSAGES, Budget(ratio=1)).tokens_out == full.tokens_in

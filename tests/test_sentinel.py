@@ -51,7 +51,7 @@ def test_features_match_eager_attention(tiny_probe):
     f = tiny_probe.features(q, PASSAGES, _spans(PASSAGES))
     n_sent = sum(len(s) for s in _spans(PASSAGES))
     LH = 2 * 4
-    assert f.x.shape == (n_sent, 4 * LH + 9) == (n_sent, DEFAULT_LAYOUT.width(2, 4))
+    assert f.x.shape == (n_sent, 4 * LH + 13) == (n_sent, DEFAULT_LAYOUT.width(2, 4))
     text, ranges, (qa, qb), pranges = tiny_probe._prompt(q, PASSAGES, _spans(PASSAGES))
     enc = tiny_probe.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offs = enc["input_ids"], enc["offset_mapping"]
@@ -94,6 +94,44 @@ def test_structure_and_lexical_scalars(tiny_probe):
     g = tiny_probe.features("What is the capital of France?", PASSAGES, _spans(PASSAGES), layout=lay)
     np.testing.assert_allclose(g.x, f.x[:, select_columns(DEFAULT_LAYOUT, 2, lay, 2, 4)], rtol=1e-6)
     assert g.x.shape[1] == lay.width(2, 4) == 8 + 2
+
+
+def test_passage_link_scalars(tiny_probe):
+    """A passage named by a question-relevant passage (the second hop of a bridge question) gets ``link_in``; the
+    sentence naming it gets ``link_out``; titles match as whole words, without a trailing qualifier."""
+    ps = [Passage(title="Ed Wood (film)", text="Ed Wood is a 1994 film by Tim Burton. It stars Johnny Depp."),
+          Passage(title="Johnny Depp", text="John Depp is an American actor. He was born in Kentucky."),
+          Passage(title="Tim", text="Timothy is a name."),
+          Passage(title="", text="Nothing here names Johnny Depp.")]
+    q = "Where was the star of the 1994 film Ed Wood born?"
+    f = tiny_probe.features(q, ps, _spans(ps))
+    ex = dict(zip(DEFAULT_LAYOUT.extra, f.x[:, -len(DEFAULT_LAYOUT.extra):].T))
+    bm = ex["bm25_z"]  # sentences: Ed Wood x2, Johnny Depp x2, Tim x1, untitled x1
+    best = [bm[0:2].max()] * 2 + [bm[2:4].max()] * 2 + [bm[4]] + [bm[5]]
+    np.testing.assert_allclose(ex["passage_bm25"], best, rtol=1e-5)
+    # Johnny Depp is named by Ed Wood and by the untitled passage; "Tim" (in "Tim Burton") by Ed Wood only
+    np.testing.assert_allclose(ex["link_in"], [-3, -3, max(best[0], best[5]), max(best[0], best[5]), best[0], -3],
+                               rtol=1e-5)
+    np.testing.assert_allclose(ex["link_out"], [best[4], best[2], -3, -3, -3, best[2]], rtol=1e-5)
+    np.testing.assert_allclose(ex["log1p_mentions"], np.log1p([0, 0, 2, 2, 1, 0]), rtol=1e-6)
+
+
+def test_sentence_embedding_cache(tiny_probe, tmp_path):
+    """With a cache folder the embed_* features are unchanged; a passage's sentences are embedded once."""
+    q = "What is the capital of France?"
+    plain = tiny_probe.features(q, PASSAGES, _spans(PASSAGES)).x
+    tiny_probe.embed_cache_dir = str(tmp_path)
+    try:
+        first = tiny_probe.features(q, PASSAGES, _spans(PASSAGES)).x
+        cache = tiny_probe.embed_cache
+        assert (cache.hits, cache.misses) == (0, 3) and len(list(tmp_path.rglob("*.safetensors"))) == 3
+        again = tiny_probe.features("Which city has the Louvre?", PASSAGES, _spans(PASSAGES)).x
+        assert (cache.hits, cache.misses) == (3, 3)
+    finally:
+        tiny_probe.embed_cache_dir, tiny_probe._embed_cache = None, None
+    np.testing.assert_allclose(first, plain, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(again, tiny_probe.features("Which city has the Louvre?", PASSAGES,
+                                                          _spans(PASSAGES)).x, rtol=1e-4, atol=1e-4)
 
 
 def test_layout_names_are_validated():

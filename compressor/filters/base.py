@@ -21,6 +21,9 @@ class SentenceFilterConfig(BaseModel):
 
     default_ratio: float = Field(default=5.0, ge=1.0, le=1000.0, description="Ratio used when no budget is given.")
     title_in_score: bool = Field(default=True, description="Prefix the passage title when scoring a sentence.")
+    min_score: float | None = Field(
+        default=None, description="When compressing, drop sentences scoring below this even if the budget has room "
+        "(the best sentence is always kept); a budget's own threshold replaces it; None fills the budget.")
 
 
 @dataclass(frozen=True)
@@ -34,13 +37,14 @@ class Sentence:
 
 
 def select_within_budget(scores: np.ndarray, costs: list[int], max_tokens: int | None,
-                         threshold: float | None = None) -> list[int]:
+                         threshold: float | None = None, min_keep: int = 0) -> list[int]:
     """Indices (ascending) of the sentences to keep: best score first while the summed cost fits
-    ``max_tokens``; with ``threshold`` only sentences scoring at least that. Ties keep the earlier one."""
+    ``max_tokens``; with ``threshold`` only sentences scoring at least that, except that the best ``min_keep``
+    sentences that fit are kept whatever their score. Ties keep the earlier one."""
     order = sorted(range(len(scores)), key=lambda i: (-float(scores[i]), i))
     kept, used = [], 0
     for i in order:
-        if threshold is not None and scores[i] < threshold:
+        if threshold is not None and scores[i] < threshold and len(kept) >= min_keep:
             break
         if max_tokens is not None and used + costs[i] > max_tokens:
             continue  # a shorter, lower-ranked sentence may still fit
@@ -81,7 +85,11 @@ class SentenceFilter(Compressor):
             return self._verbatim(passages, sents)  # documented no-op: the budget holds the whole input
         scores = np.asarray(self.score_sentences(query, passages, sents), dtype=np.float64)
         # Reserve one token per kept sentence for the joining space so the joined text fits too.
-        keep = select_within_budget(scores, [s.tokens + 1 for s in sents], max_tokens, budget.threshold)
+        costs = [s.tokens + 1 for s in sents]
+        if budget.threshold is not None or self.config.min_score is None:
+            keep = select_within_budget(scores, costs, max_tokens, budget.threshold)
+        else:
+            keep = select_within_budget(scores, costs, max_tokens, self.config.min_score, min_keep=1)
         return self._assemble(passages, sents, keep, scores, max_tokens)
 
     def _verbatim(self, passages: list[Passage], sents: list[Sentence]) -> list[CompressedPassage]:

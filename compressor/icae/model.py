@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +35,7 @@ from torch import nn
 
 from ..artifacts import check_base_model, read_artifact, write_artifact
 from ..base import Budget, CompressedPassage, Compressor, Passage, TokenCounter
+from ..cache import TensorCache
 from ..errors import ArtifactError, ConfigError, InputError
 from .config import FORMAT_VERSION, SHIPPED_ARTIFACT, ICAEConfig
 
@@ -194,47 +193,11 @@ class ICAEEncoder(nn.Module):
                 p.copy_(t[k])
 
 
-class SlotCache:
-    """Slots on disk, one safetensors file per (artifact id, passage sha256). Writes go to a temporary file in
-    the same folder and are moved into place with ``os.replace``, so readers see a whole file or none."""
+class SlotCache(TensorCache):
+    """Slots on disk, one safetensors file per (artifact id, passage sha256): see :class:`TensorCache`."""
 
     def __init__(self, root: str | Path, artifact_id: str) -> None:
-        self.dir = Path(root) / artifact_id
-        self.hits = 0
-        self.misses = 0
-
-    @staticmethod
-    def key(text: str) -> str:
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-    def path(self, text: str) -> Path:
-        k = self.key(text)
-        return self.dir / k[:2] / f"{k}.safetensors"
-
-    def get(self, text: str) -> torch.Tensor | None:
-        from safetensors.torch import load_file
-
-        p = self.path(text)
-        if not p.is_file():
-            self.misses += 1
-            return None
-        self.hits += 1
-        return load_file(str(p))["slots"]
-
-    def put(self, text: str, slots: torch.Tensor) -> Path:
-        from safetensors.torch import save_file
-
-        p = self.path(text)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".tmp-", suffix=".safetensors")
-        os.close(fd)
-        try:
-            save_file({"slots": slots.detach().float().contiguous().cpu()}, tmp)
-            os.replace(tmp, p)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        return p
+        super().__init__(root, artifact_id, tensor_name="slots")
 
 
 class ICAECompressor(Compressor):

@@ -17,4 +17,4 @@ def _make(counter: TokenCounter, artifact: str | None = None, **options) -> Sent
 # Registered only when the trained probe ships: untrained weights are never presented as a compressor.
 if (SHIPPED_ARTIFACT / "compressor_config.json").exists():
     register_compressor("sentinel", _make, kind="text",
-                        description="attention probe on a proxy LLM (trained, shipped artifact)")
+                        description="attention probe on a proxy LLM (trained, shipped artifact)", cacheable=True)

@@ -10,11 +10,13 @@ from pydantic import Field
 from ..errors import ConfigError
 from ..filters.base import SentenceFilterConfig
 
-__all__ = ["SentinelConfig", "FeatureLayout", "FORMAT_VERSION", "DEFAULT_LAYOUT", "V1_LAYOUT", "EMBED_EXTRAS"]
+__all__ = ["SentinelConfig", "FeatureLayout", "FORMAT_VERSION", "DEFAULT_LAYOUT", "V1_LAYOUT", "EMBED_EXTRAS",
+           "LINK_EXTRAS"]
 
 # 2: the feature layout is named in the manifest (format-1 artifacts read as V1_LAYOUT)
 # 3: a layout may name the embedder-similarity scalars; the embedder's id and sha256 are recorded and checked
-FORMAT_VERSION = 3
+# 4: a layout may name the passage-link scalars (LINK_EXTRAS)
+FORMAT_VERSION = 4
 
 
 class SentinelConfig(SentenceFilterConfig):
@@ -29,17 +31,26 @@ class SentinelConfig(SentenceFilterConfig):
                        description="Dtype of the proxy and of the embedder.")
     embedder: str = Field(default="minilm-l6", description="Sentence embedder of the embed_cos / embed_z features "
                           "(named model or local folder); read only when the probe's layout names them.")
+    cache_dir: str | None = Field(default=None, description="Folder of cached sentence embeddings: a passage's "
+                                  "sentences are embedded once (ahead of time, or by the first question that "
+                                  "reads it); None embeds them for every question.")
 
 
 # Attention blocks: ``layers * heads`` columns each, a per-question z-score of the log mean attention that a
 # group of query positions (the question's tokens, or the final prompt positions) pays to the sentence, or to
 # the whole passage holding it (title included). Scalars: one column each; ``embed_cos`` / ``embed_z`` are the
 # cosine similarity of the title-prefixed sentence's embedding to the question's (``SentinelConfig.embedder``)
-# and its per-question z-score.
+# and its per-question z-score. Link scalars (multi-hop evidence: the second passage of a bridge question rarely
+# shares words with the question, but a question-relevant passage names it): ``passage_bm25`` is the passage's
+# best ``bm25_z``; ``link_in`` the best ``passage_bm25`` among the other passages whose text names this
+# passage's title; ``link_out`` the best ``passage_bm25`` among the passages whose title this sentence names
+# (both NO_LINK when there is none); ``log1p_mentions`` how many other passages name this passage's title.
 ATTN_BLOCKS = ("question:zlogmean", "final:zlogmean", "passage_question:zlogmean", "passage_final:zlogmean")
 EMBED_EXTRAS = ("embed_cos", "embed_z")
+LINK_EXTRAS = ("passage_bm25", "link_in", "link_out", "log1p_mentions")
+NO_LINK = -3.0
 EXTRAS = ("log1p_tokens", "relative_position", "first_in_passage", "log1p_index_in_passage",
-          "question_overlap", "title_overlap", "bm25_z", *EMBED_EXTRAS)
+          "question_overlap", "title_overlap", "bm25_z", *EMBED_EXTRAS, *LINK_EXTRAS)
 
 
 @dataclass(frozen=True)

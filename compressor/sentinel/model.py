@@ -63,6 +63,8 @@ class SentinelCompressor(SentenceFilter):
             raise ConfigError(f"the attention reader embeds with {getattr(attention, 'embedder', None)!r} but the "
                               f"config names embedder={config.embedder!r}; build both with the same embedder")
         self.probe, self.attention, self.layout, self.manifest = probe, attention, layout, manifest or {}
+        if config.cache_dir and hasattr(attention, "embed_cache_dir"):
+            attention.embed_cache_dir = config.cache_dir
 
     def score_sentences(self, query: str, passages: list[Passage], sentences: list[Sentence]) -> np.ndarray:
         if not sentences:
@@ -85,7 +87,7 @@ class SentinelCompressor(SentenceFilter):
             "library_version": __version__,
             "proxy": {"id": model_id(self.config.proxy), "sha256": model_fingerprint(self.config.proxy),
                       "num_layers": self.attention.n_layers, "num_heads": self.attention.n_heads},
-            "config": self.config.model_dump(exclude={"proxy", "embedder"}),
+            "config": self.config.model_dump(exclude={"proxy", "embedder", "cache_dir"}),
             "features": {"layers": self.config.layers or self.attention.n_layers, "heads": self.attention.n_heads,
                          "pooling": list(self.layout.pooling), "extra": list(self.layout.extra),
                          "query_positions": self.config.query_positions, "n_features": int(self.probe.coef.shape[0])},
@@ -130,7 +132,8 @@ class SentinelCompressor(SentenceFilter):
         config = SentinelConfig(**{**cfg["config"], **overrides, "proxy": proxy, "embedder": embedder})
         if attention is None:
             attention = AttentionProbe.load(proxy, dtype=config.dtype, query_positions=config.query_positions,
-                                            max_context_tokens=config.max_context_tokens, embedder=config.embedder)
+                                            max_context_tokens=config.max_context_tokens, embedder=config.embedder,
+                                            embed_cache_dir=config.cache_dir)
         probe = SentinelProbe(t["scaler_mean"].astype(np.float64), t["scaler_scale"].astype(np.float64),
                               t["coef"].astype(np.float64), float(t["intercept"][0]))
         return cls(counter, config, probe, attention, layout=layout, manifest=cfg)

@@ -29,9 +29,9 @@ import torch
 
 from ..base import Passage
 from ..errors import ConfigError, InputError
-from .config import DEFAULT_LAYOUT, FeatureLayout
+from .config import DEFAULT_LAYOUT, LINK_EXTRAS, NO_LINK, FeatureLayout
 
-__all__ = ["ProbeFeatures", "AttentionProbe", "ATTN_IMPL", "select_columns"]
+__all__ = ["ProbeFeatures", "AttentionProbe", "ATTN_IMPL", "select_columns", "link_features"]
 
 ATTN_IMPL = "ragpress_probe"
 _CAPTURE: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar("ragpress_probe_capture", default=None)
@@ -116,6 +116,35 @@ def _content_words(text: str) -> set[str]:
     return {w for w in _WORD.findall(text.lower()) if w not in STOPWORDS_EN_PLUS}
 
 
+def _title_pattern(title: str | None) -> re.Pattern[str] | None:
+    """A whole-word, case-insensitive pattern of a passage title without a trailing qualifier ("Up (film)" ->
+    "up"); None for a title too short to name anything reliably."""
+    t = re.sub(r"\s*\([^()]*\)\s*$", "", title or "").strip()
+    return re.compile(r"(?<!\w)" + re.escape(t) + r"(?!\w)", re.IGNORECASE) if len(t) >= 3 else None
+
+
+def link_features(passages: list[Passage], owner: list[int], sents: list[str], bm25_z: np.ndarray) -> dict[str, np.ndarray]:
+    """The :data:`LINK_EXTRAS` of each sentence (``owner``: its passage index; ``sents``: its text)."""
+    P, n = len(passages), len(owner)
+    rel = np.full(P, NO_LINK)
+    for i, pi in enumerate(owner):
+        rel[pi] = max(rel[pi], bm25_z[i])
+    pats = [_title_pattern(p.title) for p in passages]
+    names = np.zeros((P, P), dtype=bool)  # names[a, b]: passage a's text names passage b's title
+    for b, pat in enumerate(pats):
+        if pat is not None:
+            for a in range(P):
+                names[a, b] = a != b and pat.search(passages[a].text) is not None
+    link_in = np.where(names, rel[:, None], -np.inf).max(0, initial=-np.inf)
+    out = np.full(n, NO_LINK)
+    for i, pi in enumerate(owner):
+        named = [rel[b] for b, pat in enumerate(pats) if b != pi and pat is not None and pat.search(sents[i])]
+        out[i] = max(named, default=NO_LINK)
+    own = np.asarray(owner, dtype=np.int64)
+    return {"passage_bm25": rel[own], "link_in": np.maximum(link_in, NO_LINK)[own], "link_out": out,
+            "log1p_mentions": np.log1p(names.sum(0))[own].astype(np.float64)}
+
+
 def _zscore(a: np.ndarray) -> np.ndarray:
     """Per-column z-score over rows (zeros for a single row)."""
     return (a - a.mean(0)) / (a.std(0) + 1e-6) if len(a) > 1 else np.zeros_like(a)
@@ -135,7 +164,8 @@ class AttentionProbe:
     """Runs the proxy over ``context + question`` and returns per-sentence attention features."""
 
     def __init__(self, model: Any, tokenizer: Any, query_positions: int = 4, max_context_tokens: int = 8192,
-                 embedder: str = "minilm-l6", embedder_dtype: str = "float32") -> None:
+                 embedder: str = "minilm-l6", embedder_dtype: str = "float32",
+                 embed_cache_dir: str | None = None) -> None:
         _register()
         if getattr(model.config, "_attn_implementation", None) != ATTN_IMPL:
             model.set_attn_implementation(ATTN_IMPL)
@@ -144,6 +174,8 @@ class AttentionProbe:
         self.max_context_tokens = max_context_tokens
         self.embedder = embedder  # loaded on first use, only by a layout naming the embed_* scalars
         self.embedder_dtype = embedder_dtype
+        self.embed_cache_dir = embed_cache_dir
+        self._embed_cache: Any = None
         cfg = model.config.get_text_config()
         self.n_layers, self.n_heads = int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
 
@@ -154,6 +186,48 @@ class AttentionProbe:
         _register()
         model, tok = load_causal_lm(name_or_path, dtype=dtype)
         return cls(model, tok, **{"embedder_dtype": dtype, **kw})
+
+    @property
+    def embed_cache(self) -> Any:
+        """The sentence-embedding cache (a :class:`~compressor.cache.TensorCache`), or None without a folder."""
+        if self.embed_cache_dir and self._embed_cache is None:
+            from ..cache import TensorCache
+            from ..models import model_fingerprint
+
+            ns = f"sentences-{model_fingerprint(self.embedder)[:16]}-{self.embedder_dtype}"
+            self._embed_cache = TensorCache(self.embed_cache_dir, ns)
+        return self._embed_cache
+
+    def embed_similarity(self, query: str, docs: list[str], owner: list[int]) -> np.ndarray:
+        """Cosine of each doc (a title-prefixed sentence of passage ``owner[i]``) to the question. With a cache
+        folder, a passage's sentence vectors are read from it (written ahead of time, or by the first question
+        that saw the passage), so only the question is embedded at query time."""
+        from ..embed import get_embedder
+
+        emb = get_embedder(self.embedder, self.embedder_dtype)
+        cache = self.embed_cache
+        if cache is None:
+            return emb.similarity(query, docs)
+        groups: dict[int, list[int]] = {}
+        for i, pi in enumerate(owner):
+            groups.setdefault(pi, []).append(i)
+        vecs = torch.empty(len(docs), emb.dim)
+        keys = {pi: "\n".join(docs[i] for i in rows) for pi, rows in groups.items()}
+        missing = []
+        for pi, rows in groups.items():
+            got = cache.get(keys[pi])
+            if got is not None and tuple(got.shape) == (len(rows), emb.dim):
+                vecs[rows] = got
+            else:
+                missing.append(pi)
+        fresh = emb.encode([query] + [docs[i] for pi in missing for i in groups[pi]])
+        start = 1
+        for pi in missing:
+            rows = groups[pi]
+            vecs[rows] = fresh[start:start + len(rows)]
+            cache.put(keys[pi], fresh[start:start + len(rows)])
+            start += len(rows)
+        return (vecs @ fresh[0]).numpy().astype("float64")
 
     def n_features(self, layers: int, layout: FeatureLayout = DEFAULT_LAYOUT) -> int:
         return layout.width(layers, self.n_heads)
@@ -203,8 +277,9 @@ class AttentionProbe:
         matters is how a sentence compares with the others of the same context. Scalars: log token count,
         relative position, first-in-passage flag and log index within the passage, the share of the
         question's content words found in the sentence and in the passage title, the z-scored BM25
-        score of the title-prefixed sentence among the context's sentences, and the cosine similarity of its
-        embedding (``self.embedder``) to the question's, raw and z-scored."""
+        score of the title-prefixed sentence among the context's sentences, the cosine similarity of its
+        embedding (``self.embedder``) to the question's, raw and z-scored, and the passage-link scalars
+        (:func:`link_features`)."""
         from ..filters.bm25 import bm25_scores
 
         layers = self.n_layers if layers is None else min(layers, self.n_layers)
@@ -271,18 +346,18 @@ class AttentionProbe:
         sents = [passages[pi].text[a:b] for pi, sp in enumerate(spans) for a, b in sp]
         titles = [passages[pi].title or "" for pi in owner]
         if layout.uses_embedder:
-            from ..embed import get_embedder
-
             docs = [f"{t}: {s}" if t else s for t, s in zip(titles, sents)]  # as the minilm filter scores them
-            cos = get_embedder(self.embedder, self.embedder_dtype).similarity(query, docs)
+            cos = self.embed_similarity(query, docs, owner)
             extras["embed_cos"] = cos
             extras["embed_z"] = _zscore(cos[:, None])[:, 0] if n else []
-        if {"question_overlap", "title_overlap", "bm25_z"} & set(layout.extra):
+        if {"question_overlap", "title_overlap", "bm25_z", *LINK_EXTRAS} & set(layout.extra):
             share = lambda t: len(qwords & _content_words(t)) / len(qwords) if qwords else 0.0  # noqa: E731
             extras["question_overlap"] = [share(t) for t in sents]
             extras["title_overlap"] = [share(t) for t in titles]
             bm = bm25_scores(query, [f"{t} {s}" for t, s in zip(titles, sents)])
-            extras["bm25_z"] = _zscore(bm[:, None])[:, 0] if n else []
+            extras["bm25_z"] = _zscore(bm[:, None])[:, 0] if n else np.zeros(0)
+            if set(LINK_EXTRAS) & set(layout.extra):
+                extras.update(link_features(passages, owner, sents, extras["bm25_z"]))
         cols = [blocks[b] for b in layout.pooling] + [np.asarray(extras[e], dtype=np.float64)[:, None]
                                                       for e in layout.extra]
         x = np.concatenate(cols, axis=1).astype(np.float32) if cols else np.zeros((n, 0), dtype=np.float32)

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from ..base import Passage, TokenCounter
 from ..filters.base import select_within_budget
 from ..text import split_sentences
-from .config import DEFAULT_LAYOUT, EMBED_EXTRAS, V1_LAYOUT, FeatureLayout, SentinelConfig
+from .config import DEFAULT_LAYOUT, EMBED_EXTRAS, LINK_EXTRAS, V1_LAYOUT, FeatureLayout, SentinelConfig
 from .model import SentinelCompressor, SentinelProbe
 from .probe import AttentionProbe, select_columns
 
@@ -119,6 +119,8 @@ LAYOUT_CANDIDATES: dict[str, FeatureLayout] = {
     "+ lexical (no passage attention)": FeatureLayout(V1_LAYOUT.pooling, DEFAULT_LAYOUT.extra[:7]),
     "+ passage attention + embedder similarity": FeatureLayout(DEFAULT_LAYOUT.pooling,
                                                                DEFAULT_LAYOUT.extra[:4] + EMBED_EXTRAS),
+    "+ passage attention + embedder similarity + passage links": FeatureLayout(
+        DEFAULT_LAYOUT.pooling, DEFAULT_LAYOUT.extra[:4] + EMBED_EXTRAS + LINK_EXTRAS),
     "all": DEFAULT_LAYOUT,
 }
 
