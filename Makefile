@@ -41,21 +41,21 @@ harden: models
 # The benchmark of BENCHMARKS.md (resumable: rerun after an interruption). The `bench` extra brings
 # llmlingua (the LongLLMLingua peer), matplotlib (plots) and sacrebleu. `icae@cache`: ICAE slots
 # read from a cache the bench fills before timing.
-BENCH_ARGS ?= --datasets hotpotqa nq-d9 --methods none no_context oracle bm25 minilm sentinel longllmlingua icae icae@cache --ratios 3 5 --limit 100 --out-dir runs/bench-smollm2
+BENCH_ARGS ?= --datasets hotpotqa nq-d9 --methods none no_context oracle bm25 minilm sentinel sentinel@cache longllmlingua icae icae@cache --ratios 3 5 --limit 100 --out-dir runs/bench-smollm2
 bench: models
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python examples/benchmark.py $(BENCH_ARGS)
 
 # The text methods read by the second default decoder, Gemma 3 270M (base model, one-shot plain prompt):
 # BENCHMARKS-gemma3-270m.md. The soft families are trained on SmolLM2 and would be skipped here.
-BENCH_GEMMA_ARGS ?= --decoders gemma3-270m --datasets hotpotqa nq-d9 --methods none no_context oracle bm25 minilm sentinel --ratios 3 5 --limit 100 --out-dir runs/bench-gemma3 --md BENCHMARKS-gemma3-270m.md --publish benchmarks/gemma3-270m
+BENCH_GEMMA_ARGS ?= --decoders gemma3-270m --datasets hotpotqa nq-d9 squad-d9 --methods none no_context oracle bm25 minilm sentinel sentinel@cache --ratios 3 5 --limit 100 --out-dir runs/bench-gemma3 --md BENCHMARKS-gemma3-270m.md --publish benchmarks/gemma3-270m
 bench-gemma: models-all
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python examples/benchmark.py $(BENCH_GEMMA_ARGS)
 
 # Retrieved contexts (NQ, top 3 by MiniLM from the passage corpus) and SQuAD v2 with unanswerable questions
-# (abstention rate), text methods, SmolLM2: BENCHMARKS-retrieval-squad.md.
-BENCH_EXTRA_ARGS ?= --datasets nq-r3 squad-d9-u --methods none no_context oracle bm25 minilm sentinel --ratios 3 5 --limit 100 --out-dir runs/bench-extra --md BENCHMARKS-retrieval-squad.md --publish benchmarks/retrieval-squad
+# (abstention rate), and answerable SQuAD with 9 distractors, text methods, SmolLM2: BENCHMARKS-retrieval-squad.md.
+BENCH_EXTRA_ARGS ?= --datasets nq-r3 squad-d9-u squad-d9 --methods none no_context oracle bm25 minilm sentinel sentinel@cache --ratios 3 5 --limit 100 --out-dir runs/bench-extra --md BENCHMARKS-retrieval-squad.md --publish benchmarks/retrieval-squad
 bench-extra: models
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python examples/benchmark.py $(BENCH_EXTRA_ARGS)

@@ -21,16 +21,21 @@ from typing import Any
 
 from compressor.base import Passage
 
-from .datasets import add_distractors, answer_sentence_evidence, corpus_of, load_dataset
+from .datasets import QAExample, add_distractors, answer_sentence_evidence, corpus_of, load_dataset
 
-__all__ = ["EVAL_HOLDOUT", "sentinel_records", "xrag_records"]
+__all__ = ["EVAL_HOLDOUT", "sentinel_examples", "sentinel_records", "xrag_records"]
 
 EVAL_HOLDOUT = {"hotpotqa_a": 100, "nq": 400, "squad": 300}
 
 
-def sentinel_records(data_dir: str | Path, n_hotpot: int = 200, n_nq: int = 150, n_squad: int = 150,
-                     distractors: int = 9, seed: int = 0) -> tuple[list[tuple[str, str, list[Passage]]], dict]:
-    """(source, question, passages-with-evidence) records and a description of where they came from."""
+def sentinel_examples(data_dir: str | Path, n_hotpot: int = 200, n_nq: int = 150, n_squad: int = 150,
+                      distractors: int = 9, seed: int = 0) -> list[tuple[str, QAExample]]:
+    """(source, example) pairs in the order of :func:`sentinel_records`, answers included: for choosing
+    options that need a decoder (``examples/choose_min_score.py``) on the probe's validation questions."""
+    return _sentinel_sources(data_dir, n_hotpot, n_nq, n_squad, distractors, seed)[0]
+
+
+def _sentinel_sources(data_dir, n_hotpot, n_nq, n_squad, distractors, seed):
     d = Path(data_dir)
     hb = load_dataset("hotpotqa", d / "hotpotqa_train" / "hotpotqa_train_b.json")
     ha = load_dataset("hotpotqa", d / "hotpotqa_train" / "hotpotqa_train_a.jsonl")[EVAL_HOLDOUT["hotpotqa_a"]:]
@@ -40,9 +45,8 @@ def sentinel_records(data_dir: str | Path, n_hotpot: int = 200, n_nq: int = 150,
     sq_all = load_dataset("squad", d / "squad_v2_dev_subset" / "squad_v2_dev_first5articles.json")
     sq = add_distractors(sq_all[EVAL_HOLDOUT["squad"]: EVAL_HOLDOUT["squad"] + n_squad], corpus_of(sq_all),
                          distractors, seed)
-    records = [("hotpotqa", e.question, e.passages) for e in hotpot]
-    records += [("nq", e.question, answer_sentence_evidence(e).passages) for e in nq]
-    records += [("squad", e.question, answer_sentence_evidence(e).passages) for e in sq]
+    pairs = [("hotpotqa", e) for e in hotpot] + [("nq", answer_sentence_evidence(e)) for e in nq]
+    pairs += [("squad", answer_sentence_evidence(e)) for e in sq]
     data = {
         "hotpotqa": f"{len(hotpot)} questions: hotpotqa_train_b.json (all) + hotpotqa_train_a.jsonl[100:] "
                     "(labels: supporting_facts)",
@@ -52,7 +56,14 @@ def sentinel_records(data_dir: str | Path, n_hotpot: int = 200, n_nq: int = 150,
                  f"{distractors} distractors each (label: sentence holding the answer)",
         "eval_holdout": "first 100 of hotpotqa_train_a.jsonl, first 400 NQ, first 300 answerable SQuAD never trained on",
     }
-    return records, data
+    return pairs, data
+
+
+def sentinel_records(data_dir: str | Path, n_hotpot: int = 200, n_nq: int = 150, n_squad: int = 150,
+                     distractors: int = 9, seed: int = 0) -> tuple[list[tuple[str, str, list[Passage]]], dict]:
+    """(source, question, passages-with-evidence) records and a description of where they came from."""
+    pairs, data = _sentinel_sources(data_dir, n_hotpot, n_nq, n_squad, distractors, seed)
+    return [(src, e.question, e.passages) for src, e in pairs], data
 
 
 def xrag_records(data_dir: str | Path, n_stage1: int | None = None, n_nq: int | None = None,

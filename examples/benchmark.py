@@ -22,7 +22,9 @@ within a row group, not as absolute latencies.
 Methods. `none`: full context; `no_context`: the question alone; `oracle`: only the sentences (HotpotQA
 supporting facts) or passages (NQ gold) that the data marks as evidence. `bm25`, `minilm`: sentence filters
 (query-aware ranking, kept in original order, budget in decoder tokens). `sentinel`: the trained attention probe on
-SmolLM2. `icae`: memory slots at the encoder's fixed 4x, each passage compressed on its own, at query time; `icae@cache`: the same slots read from the slot cache, which the bench fills before
+SmolLM2 (its shipped `min_score` may keep fewer tokens than the budget: read the measured `ratio`);
+`sentinel@cache`: the same, with each passage's sentence embeddings read from a cache the bench fills before the
+timed run (index time), so only the question is embedded at query time. `icae`: memory slots at the encoder's fixed 4x, each passage compressed on its own, at query time; `icae@cache`: the same slots read from the slot cache, which the bench fills before
 the timed run (index-time compression). `longllmlingua`: the outside peer, LongLLMLingua from `llmlingua==0.2.2`
 with SmolLM2 as its scorer (question-aware coarse passage ranking + fine token pruning, its default settings
 for `rate = 1 / ratio`), run fully offline. Adaptations, none of which changes its algorithm (see

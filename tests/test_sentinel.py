@@ -281,7 +281,7 @@ def test_corrupt_and_future_artifacts_refused(counter, tiny_probe, tmp_path):
 def test_shipped_probe_on_real_hotpotqa(counter):
     from adapters.metrics import evidence_recall
 
-    comp = get_compressor("sentinel", counter=counter)
+    comp = get_compressor("sentinel", counter=counter, min_score=None)  # fill the budget: the ranking alone
     assert comp.manifest["scores"]["val_auc"] > 0.8
     exs = load_dataset("hotpotqa", HOTPOT, limit=10)  # held out from training
     recalls = []
@@ -289,8 +289,14 @@ def test_shipped_probe_on_real_hotpotqa(counter):
         ctx = comp.compress(e.question, e.passages, Budget(ratio=3))
         assert ctx.tokens_out <= Budget(ratio=3).max_tokens(ctx.tokens_in)
         recalls.append(evidence_recall(ctx, e.passages))
-    # 0.90 on the first 100 (bench); a random third of the sentences would keep about 0.39
+    # about 0.9 on the first 100 (bench); a random third of the sentences would keep about 0.39
     assert np.mean(recalls) > 0.6
+    # the shipped min_score stops early: fewer tokens, never more
+    tight = get_compressor("sentinel", counter=counter)
+    assert tight.config.min_score is not None
+    e = exs[0]
+    assert tight.compress(e.question, e.passages, Budget(ratio=3)).tokens_out <= \
+        comp.compress(e.question, e.passages, Budget(ratio=3)).tokens_out
 
 
 def test_train_sentinel_forced_depth_and_feature_cache(counter, tiny_model_dir, tmp_path):
@@ -327,3 +333,7 @@ def test_train_sentinel_forced_depth_and_feature_cache(counter, tiny_model_dir, 
         assert cfg["embedder"]["id"] == "minilm-l6"
     with pytest.raises(ValueError, match="layers=5: the proxy has 2 layers"):
         train_sentinel(records, counter, **{**kw, "layers": 5})
+    # min_score is stored in the artifact's config and comes back with it
+    tuned, _ = train_sentinel(records, counter, **{**kw, "min_score": 0.5})
+    path = tuned.save_pretrained(tmp_path / "tuned")
+    assert SentinelCompressor.from_pretrained(path, counter, proxy=str(tiny_model_dir)).config.min_score == 0.5

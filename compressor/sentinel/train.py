@@ -3,8 +3,9 @@
 A record is ``(question, passages)`` whose passages carry ``evidence`` spans (HotpotQA supporting facts, the
 sentence holding a SQuAD/NQ answer). A sentence is a positive when at least half of it, or half of an
 evidence span, overlaps evidence. Features are extracted once with all proxy layers; every early-exit depth
-in the grid reuses their first-k-layer columns. Validation questions (a seeded share of the records) are
-never trained on; the depth and the regularisation are picked on them and reported.
+in the grid reuses their first-k-layer columns. The layout, depth and regularisation are chosen by
+cross-validation on the training questions; validation questions (a seeded share of the records) are never
+trained on nor used for a choice, and every candidate's score on them is reported.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .config import DEFAULT_LAYOUT, EMBED_EXTRAS, LINK_EXTRAS, V1_LAYOUT, Featur
 from .model import SentinelCompressor, SentinelProbe
 from .probe import AttentionProbe, select_columns
 
-__all__ = ["QuestionFeatures", "extract_features", "fit_probe", "recall_at_budget", "train_sentinel"]
+__all__ = ["QuestionFeatures", "extract_features", "fit_probe", "recall_at_budget", "split_order", "train_sentinel"]
 
 
 @dataclass
@@ -89,6 +90,14 @@ def load_features(path: str | Path, layout: FeatureLayout = DEFAULT_LAYOUT) -> l
     return out
 
 
+def split_order(n: int, seed: int = 0) -> list[int]:
+    """Record indices in the seeded order of the train/validation split: the first ``int(n * val_fraction)``
+    are the validation questions."""
+    idx = list(range(n))
+    random.Random(seed).shuffle(idx)
+    return idx
+
+
 def fit_probe(x: np.ndarray, y: np.ndarray, c: float, seed: int = 0) -> SentinelProbe:
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
@@ -125,15 +134,32 @@ LAYOUT_CANDIDATES: dict[str, FeatureLayout] = {
 }
 
 
+def _stack(qs: Sequence[QuestionFeatures], cols: np.ndarray) -> list[QuestionFeatures]:
+    return [QuestionFeatures(q.source, q.x[:, cols], q.y, q.costs, q.tokens_in) for q in qs]
+
+
 def _fit_and_score(tr, val, cols, c, seed):
+    """Fit on ``tr``, score on ``val``: (probe, AUC, recall@20%, recall@33%)."""
     from sklearn.metrics import roc_auc_score
 
-    X = np.concatenate([q.x[:, cols] for q in tr])
-    Y = np.concatenate([q.y for q in tr])
-    probe = fit_probe(X, Y, c, seed)
-    val_k = [QuestionFeatures(q.source, q.x[:, cols], q.y, q.costs, q.tokens_in) for q in val]
-    auc = float(roc_auc_score(np.concatenate([q.y for q in val]), probe(np.concatenate([q.x for q in val_k]))))
+    probe = fit_probe(np.concatenate([q.x[:, cols] for q in tr]), np.concatenate([q.y for q in tr]), c, seed)
+    val_k = _stack(val, cols)
+    y = np.concatenate([q.y for q in val])
+    auc = float(roc_auc_score(y, probe(np.concatenate([q.x for q in val_k])))) if 0 < y.sum() < len(y) else float("nan")
     return probe, auc, recall_at_budget(val_k, probe, 0.20), recall_at_budget(val_k, probe, 0.33)
+
+
+def _cv_score(tr, cols, c, seed, folds: int) -> tuple[float, float, float]:
+    """Mean (AUC, recall@20%, recall@33%) over ``folds`` question-grouped folds of the training questions: a
+    steadier basis for choosing the layout and depth than one small validation split."""
+    parts = [list(range(i, len(tr), folds)) for i in range(folds)]
+    scores = []
+    for part in parts:
+        held = set(part)
+        fit = [q for i, q in enumerate(tr) if i not in held]
+        _, auc, r20, r33 = _fit_and_score(fit, [tr[i] for i in part], cols, c, seed)
+        scores.append((auc, r20, r33))
+    return tuple(float(np.nanmean([sc[j] for sc in scores])) for j in range(3))  # type: ignore[return-value]
 
 
 def train_sentinel(
@@ -151,12 +177,16 @@ def train_sentinel(
     log: Callable[[str], None] = print,
     features_cache: str | Path | None = None,
     layers: int | None = None,
+    cv_folds: int = 5,
+    min_score: float | None = None,
 ) -> tuple[SentinelCompressor, dict[str, Any]]:
-    """Extract features, pick the layout, (layers, C) on validation questions, fit, and return the compressor
-    with a report. Layouts (default :data:`LAYOUT_CANDIDATES`) are compared at full depth; the chosen one
-    is the best validation recall@20%. The depth chosen is the shallowest whose validation recall@20% is
-    within ``recall_tolerance`` of the best (cheaper compression for the same quality); ``layers`` forces the
-    depth instead (the grid still reports every depth)."""
+    """Extract features, pick the layout and (layers, C) by ``cv_folds``-fold cross-validation on the training
+    questions, fit on all of them, and return the compressor with a report that also scores every candidate on
+    the validation questions (never used for a choice). Layouts (default :data:`LAYOUT_CANDIDATES`) are
+    compared at full depth; the chosen one has the best CV recall@20%. The depth chosen is the shallowest
+    whose CV recall@20% is within ``recall_tolerance`` of the best (cheaper compression for the same quality);
+    ``layers`` forces the depth instead (the grid still reports every depth). ``min_score`` is stored in the
+    compressor's config (see :class:`~compressor.filters.base.SentenceFilterConfig`)."""
     layouts = layouts or LAYOUT_CANDIDATES
     full = FeatureLayout(tuple(dict.fromkeys(b for lay in layouts.values() for b in lay.pooling)),
                          tuple(dict.fromkeys(e for lay in layouts.values() for e in lay.extra)))
@@ -174,8 +204,7 @@ def train_sentinel(
         feats = extract_features(records, attention, counter, progress, layout=full)
         if features_cache is not None:
             save_features(features_cache, feats, full)
-    idx = list(range(len(feats)))
-    random.Random(seed).shuffle(idx)
+    idx = split_order(len(feats), seed)
     n_val = max(1, int(len(idx) * val_fraction))
     val = [feats[i] for i in idx[:n_val]]
     tr = [feats[i] for i in idx[n_val:]]
@@ -183,15 +212,28 @@ def train_sentinel(
     log(f"train: {len(tr)} questions, {n_y} sentences ({n_pos} positive); validation: {len(val)} questions, "
         f"{sum(len(q.y) for q in val)} sentences ({sum(int(q.y.sum()) for q in val)} positive)")
 
+    def score_row(cols: np.ndarray, c: float) -> tuple[dict[str, float], SentinelProbe]:
+        cv = _cv_score(tr, cols, c, seed, cv_folds)
+        probe, auc, r20, r33 = _fit_and_score(tr, val, cols, c, seed)
+        row = {"cv_auc": cv[0], "cv_recall@20%": cv[1], "cv_recall@33%": cv[2], "val_auc": auc,
+               "val_recall@20%": r20, "val_recall@33%": r33}
+        return {k: round(v, 4) for k, v in row.items()}, probe
+
+    def show(r: dict[str, Any]) -> str:
+        return (f"cv auc={r['cv_auc']:.4f} r@20%={r['cv_recall@20%']:.4f} r@33%={r['cv_recall@33%']:.4f} | "
+                f"val auc={r['val_auc']:.4f} r@20%={r['val_recall@20%']:.4f} r@33%={r['val_recall@33%']:.4f}")
+
+    def rank(r: dict[str, Any]) -> tuple[float, float]:
+        return r["cv_recall@20%"], r["cv_auc"]
+
     ablation = []
     for name, lay in layouts.items():
         cols = select_columns(full, n_layers, lay, n_layers, heads)
         for c in c_grid:
-            _, auc, r20, r33 = _fit_and_score(tr, val, cols, c, seed)
-            ablation.append({"layout": name, "C": c, "val_auc": round(auc, 4), "val_recall@20%": round(r20, 4),
-                             "val_recall@33%": round(r33, 4)})
-            log(f"layout {name!r:<45} C={c:<5} auc={auc:.4f} recall@20%={r20:.4f} recall@33%={r33:.4f}")
-    best_ab = max(ablation, key=lambda r: (r["val_recall@20%"], r["val_auc"]))
+            row = {"layout": name, "C": c, **score_row(cols, c)[0]}
+            ablation.append(row)
+            log(f"layout {name!r:<60} C={c:<5} {show(row)}")
+    best_ab = max(ablation, key=rank)
     layout = layouts[best_ab["layout"]]
     log(f"layout chosen: {best_ab['layout']!r}")
 
@@ -207,22 +249,21 @@ def train_sentinel(
         timing[k] = (time.perf_counter() - t0) / len(sample)
 
     rows = []
-    best: dict[int, tuple[float, float, SentinelProbe]] = {}
+    best: dict[int, tuple[tuple[float, float], SentinelProbe]] = {}
     for k in grid:
         cols = select_columns(full, n_layers, layout, k, heads)
         for c in c_grid:
-            probe, auc, r20, r33 = _fit_and_score(tr, val, cols, c, seed)
-            rows.append({"layers": k, "C": c, "val_auc": round(auc, 4), "val_recall@20%": round(r20, 4),
-                         "val_recall@33%": round(r33, 4), "s_per_question": round(timing[k], 4)})
-            log(f"layers={k:>3} C={c:<5} auc={auc:.4f} recall@20%={r20:.4f} recall@33%={r33:.4f} "
-                f"{timing[k]:.3f}s/question")
-            if k not in best or (r20, auc) > best[k][:2]:
-                best[k] = (r20, auc, probe)
-    top = max(v[0] for v in best.values())
-    chosen = layers or min(k for k, v in best.items() if v[0] >= top - recall_tolerance)
-    r20, auc, probe = best[chosen]
-    chosen_row = max((r for r in rows if r["layers"] == chosen), key=lambda r: (r["val_recall@20%"], r["val_auc"]))
-    config = SentinelConfig(proxy=proxy, layers=chosen, embedder=embedder)
+            scored, probe = score_row(cols, c)
+            row = {"layers": k, "C": c, **scored, "s_per_question": round(timing[k], 4)}
+            rows.append(row)
+            log(f"layers={k:>3} C={c:<5} {show(row)} {timing[k]:.3f}s/question")
+            if k not in best or rank(row) > best[k][0]:
+                best[k] = (rank(row), probe)
+    top = max(v[0][0] for v in best.values())
+    chosen = layers or min(k for k, v in best.items() if v[0][0] >= top - recall_tolerance)
+    probe = best[chosen][1]
+    chosen_row = max((r for r in rows if r["layers"] == chosen), key=rank)
+    config = SentinelConfig(proxy=proxy, layers=chosen, embedder=embedder, min_score=min_score)
     comp = SentinelCompressor(counter, config, probe, attention, layout=layout)
     sources: dict[str, int] = {}
     for q in feats:
@@ -233,6 +274,7 @@ def train_sentinel(
         "grid": rows,
         "n_train_questions": len(tr),
         "n_val_questions": len(val),
+        "cv_folds": cv_folds,
         "n_train_sentences": n_y,
         "n_train_positive": n_pos,
         "questions_by_source": sources,
