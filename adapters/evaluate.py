@@ -25,16 +25,26 @@ def evaluate(
     params: GenerationParams | None = None,
     progress: bool = True,
     on_sample: Callable[[dict], None] | None = None,
+    generate: bool = True,
 ) -> list[dict[str, Any]]:
     """Run one method over ``examples`` one question at a time (so timings are per question); return one
-    record per example."""
-    builder = backend.prompt_builder()
+    record per example. ``generate=False`` only compresses: evidence recall, sizes and compression time, with
+    the answer metrics left None (``backend`` may then be None)."""
     params = params or GenerationParams()
     budget = budget or Budget()
     records = []
     for ex in tqdm(examples, desc=f"eval {compressor.name}", disable=not progress, leave=False):
         ctx = compressor.compress(ex.question, ex.passages, budget)
-        prompt = builder.build(ctx)
+        if not generate:
+            rec = {"id": ex.id, "question": ex.question, "answers": ex.answers, "prediction": None, "em": None,
+                   "f1": None, "accuracy": None, "evidence_recall": evidence_recall(ctx, ex.passages),
+                   "tokens_in": ctx.tokens_in, "tokens_out": ctx.tokens_out, "prompt_tokens": None,
+                   "compress_s": ctx.compress_s, "ttft_s": None, "e2e_s": ctx.compress_s, "new_tokens": 0}
+            records.append(rec)
+            if on_sample:
+                on_sample(rec)
+            continue
+        prompt = backend.prompt_builder().build(ctx)
         gen = backend.generate([prompt], params)[0]
         pred = gen.text.strip()
         rec = {

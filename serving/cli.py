@@ -39,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--artifact", help="trained artifact folder for the method (default: the shipped one)")
     ev.add_argument("--slot-cache", type=Path,
                     help="icae: slot cache folder; passages already in it are not encoded again (run twice to time hits)")
+    ev.add_argument("--no-generate", action="store_true",
+                    help="compress only: evidence recall, ratio and compression time, no answers (the decoder's "
+                         "tokenizer still counts the budget)")
+    ev.add_argument("--fill-budget", action="store_true",
+                    help="sentence filters: ignore the method's min_score and fill the budget (rank quality alone)")
     ev.add_argument("--retrieve", type=int, default=0, metavar="K",
                     help="nq: top-K passages retrieved (MiniLM, index cached under $RAGPRESS_HOME/indexes) from all "
                          "passages of the file, instead of the gold passage")
@@ -214,8 +219,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
             print("icae: UNTRAINED encoder (control)", file=sys.stderr)
     else:
         comp = get_compressor(args.method, counter=counter, **_method_options(args, args.decoder))
+    if args.fill_budget:
+        from compressor.filters import SentenceFilter
+
+        if not isinstance(comp, SentenceFilter):
+            raise SystemExit(f"--fill-budget applies to sentence filters (bm25, minilm, sentinel), not {args.method}")
+        comp.config = comp.config.model_copy(update={"min_score": None})
+        extra["fill_budget"] = True
     params = GenerationParams(max_new_tokens=args.max_new_tokens)
-    records = evaluate(examples, backend, comp, budget, params)
+    records = evaluate(examples, backend, comp, budget, params, generate=not args.no_generate)
     if args.method == "xrag":
         extra.update(index_hits=comp.index_hits, encoded_on_the_fly=comp.encoded_on_the_fly)
     if args.method == "icae":

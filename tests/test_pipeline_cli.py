@@ -73,6 +73,26 @@ def test_cli_eval_writes_json(tmp_path, tiny_model_dir, capsys):
     assert "| n | method |" in capsys.readouterr().out
 
 
+def test_cli_eval_compress_only_and_fill_budget(tmp_path, tiny_model_dir):
+    """--no-generate scores the compression alone (no answers); --fill-budget drops a filter's min_score and is
+    refused for other methods."""
+    from adapters.datasets import load_dataset
+    from conftest import HOTPOT
+
+    out = tmp_path / "out.json"
+    rc = main(["eval", "--dataset", "hotpotqa", "--path", str(HOTPOT), "--limit", "3", "--method", "bm25", "--ratio",
+               "3", "--decoder", str(tiny_model_dir), "--no-generate", "--fill-budget", "--out", str(out)])
+    s = json.loads(out.read_text())
+    assert rc == 0 and s["f1"] is None and s["ttft_s_mean"] is None and s["fill_budget"] is True
+    assert 0 < s["evidence_recall"] <= 1 and s["ratio"] >= 3
+    rows = [json.loads(x) for x in out.with_suffix(".samples.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == [e.id for e in load_dataset("hotpotqa", HOTPOT, limit=3)]
+    assert all(r["prediction"] is None and r["e2e_s"] == r["compress_s"] for r in rows)
+    with pytest.raises(SystemExit, match="--fill-budget applies to sentence filters"):
+        main(["eval", "--dataset", "hotpotqa", "--path", str(HOTPOT), "--limit", "1", "--method", "none",
+              "--decoder", str(tiny_model_dir), "--no-generate", "--fill-budget"])
+
+
 def test_cli_errors_are_one_line(capsys, tmp_path):
     assert main(["eval", "--dataset", "jsonl", "--path", str(tmp_path / "x.jsonl"), "--method", "nope"]) == 2
     err = capsys.readouterr().err
