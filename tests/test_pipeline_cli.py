@@ -76,8 +76,9 @@ def test_cli_eval_writes_json(tmp_path, tiny_model_dir, capsys):
 def test_cli_eval_compress_only_and_fill_budget(tmp_path, tiny_model_dir):
     """--no-generate scores the compression alone (no answers); --fill-budget drops a filter's min_score and is
     refused for other methods."""
-    from adapters.datasets import load_dataset
     from conftest import HOTPOT
+
+    from adapters.datasets import load_dataset
 
     out = tmp_path / "out.json"
     rc = main(["eval", "--dataset", "hotpotqa", "--path", str(HOTPOT), "--limit", "3", "--method", "bm25", "--ratio",
