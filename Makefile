@@ -54,8 +54,8 @@ bench-gemma: models-all
 	$(BIN)/python examples/benchmark.py $(BENCH_GEMMA_ARGS)
 
 # Retrieved contexts (NQ, top 3 by MiniLM from the passage corpus) and SQuAD v2 with unanswerable questions
-# (abstention rate), text methods, SmolLM2: BENCHMARKS-retrieval-squad.md.
-BENCH_EXTRA_ARGS ?= --datasets nq-r3 squad-d9-u --methods none no_context oracle bm25 minilm sentinel --ratios 3 5 --limit 100 --out-dir runs/bench-extra --md BENCHMARKS-retrieval-squad.md --publish benchmarks/retrieval-squad
+# (abstention rate), and answerable SQuAD with 9 distractors, text methods, SmolLM2: BENCHMARKS-retrieval-squad.md.
+BENCH_EXTRA_ARGS ?= --datasets nq-r3 squad-d9-u squad-d9 --methods none no_context oracle bm25 minilm sentinel --ratios 3 5 --limit 100 --out-dir runs/bench-extra --md BENCHMARKS-retrieval-squad.md --publish benchmarks/retrieval-squad
 bench-extra: models
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python examples/benchmark.py $(BENCH_EXTRA_ARGS)
