@@ -185,7 +185,7 @@ def test_works_on_gemma3_architecture(smol_tokenizer, tmp_path):
     smol_tokenizer.save_pretrained(tmp_path)
     probe = AttentionProbe.load(str(tmp_path), dtype="float32")
     f = probe.features("What is the capital of France?", PASSAGES, _spans(PASSAGES))
-    assert f.x.shape[1] == 4 * 3 * 4 + 9 == DEFAULT_LAYOUT.width(3, 4) and np.isfinite(f.x).all()
+    assert f.x.shape[1] == 4 * 3 * 4 + 13 == DEFAULT_LAYOUT.width(3, 4) and np.isfinite(f.x).all()
     # sliding-window layers are masked like the model masks them: features match eager attention
     text, ranges, (qa, qb), _ = probe._prompt("What is the capital of France?", PASSAGES, _spans(PASSAGES))
     enc = probe.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
