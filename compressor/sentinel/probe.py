@@ -174,8 +174,7 @@ class AttentionProbe:
         self.max_context_tokens = max_context_tokens
         self.embedder = embedder  # loaded on first use, only by a layout naming the embed_* scalars
         self.embedder_dtype = embedder_dtype
-        self.embed_cache_dir = embed_cache_dir
-        self._embed_cache: Any = None
+        self._embed_cache_dir, self._embed_cache = embed_cache_dir, None
         cfg = model.config.get_text_config()
         self.n_layers, self.n_heads = int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
 
@@ -186,6 +185,15 @@ class AttentionProbe:
         _register()
         model, tok = load_causal_lm(name_or_path, dtype=dtype)
         return cls(model, tok, **{"embedder_dtype": dtype, **kw})
+
+    @property
+    def embed_cache_dir(self) -> str | None:
+        """Folder of the sentence-embedding cache (None: embed every sentence per question)."""
+        return self._embed_cache_dir
+
+    @embed_cache_dir.setter
+    def embed_cache_dir(self, folder: str | None) -> None:
+        self._embed_cache_dir, self._embed_cache = folder, None
 
     @property
     def embed_cache(self) -> Any:
