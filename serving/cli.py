@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     ts.add_argument("--layers", type=int, help="force the early-exit depth (default: chosen by cross-validation)")
     ts.add_argument("--min-score", type=float, help="probe score below which sentences are dropped even when the "
                     "budget has room (chosen with examples/choose_min_score.py; default: fill the budget)")
+    ts.add_argument("--rerank", choices=["auto", "yes", "no"], default="auto",
+                    help="second stage (multi-hop re-scoring from the probe's scores): auto keeps it when its "
+                    "cross-validated recall@20%% beats the probe alone")
     _add_train_xrag(tsub)
     _add_train_icae(tsub)
     return ap
@@ -374,12 +377,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     records, data = sentinel_records(args.data, args.hotpotqa, args.nq, args.squad, seed=args.seed)
     counter = TokenCounter.from_tokenizer(load_tokenizer(args.proxy))
     comp, report = train_sentinel(records, counter, proxy=args.proxy, embedder=args.embedder, seed=args.seed,
-                                  features_cache=args.features_cache, layers=args.layers, min_score=args.min_score)
-    training = {"data": data, **{k: v for k, v in report.items() if k not in ("chosen", "grid", "layout_ablation")}}
+                                  features_cache=args.features_cache, layers=args.layers, min_score=args.min_score,
+                                  rerank={"auto": None, "yes": True, "no": False}[args.rerank])
+    training = {"data": data, **{k: v for k, v in report.items()
+                                 if k not in ("chosen", "grid", "layout_ablation", "rerank")}}
     if args.min_score is not None:
         training["min_score"] = (f"{args.min_score:g}: best mean answer F1 (SmolLM2-135M and Gemma 3 270M, ratio 5) "
                                  "on the validation questions, by examples/choose_min_score.py")
-    scores = {**report["chosen"], "layout_ablation": report["layout_ablation"], "grid": report["grid"]}
+    scores = {**report["chosen"], "rerank": report["rerank"], "layout_ablation": report["layout_ablation"],
+              "grid": report["grid"]}
     path = comp.save_pretrained(args.out, training=training, scores=scores)
     print(f"chosen: {report['chosen']}\nwrote {path}")
     return 0

@@ -276,6 +276,90 @@ def test_corrupt_and_future_artifacts_refused(counter, tiny_probe, tmp_path):
         SentinelCompressor.from_pretrained(path, counter, proxy=cfg["proxy"]["id"], attention=tiny_probe)
 
 
+BRIDGE = [
+    Passage(title="Sam Cataldo", text="Sam Cataldo is a state senator. His district holds the town of New Durham."),
+    Passage(title="New Durham, New Hampshire", text="New Durham is a town. The population was 2,638 at the census."),
+    Passage(title="Rinconada (department)", text="Its population in 2010 was 2,489."),
+]
+
+
+def _bridge_texts():
+    owner, sents = [], []
+    for pi, p in enumerate(BRIDGE):
+        for s, e in split_sentences(p.text):
+            owner.append(pi)
+            sents.append(p.text[s:e])
+    return owner, sents
+
+
+def test_rerank_features_follow_the_bridge():
+    """The second stage sees that a sentence the first stage trusts names another passage's title: every
+    sentence of that passage gets hop_in / hop_top; a passage nobody names gets neither."""
+    from compressor.sentinel.rerank import NO_HOP, RERANK_FEATURES, rerank_features
+
+    owner, sents = _bridge_texts()
+    assert owner == [0, 0, 1, 1, 2]
+    scores = np.array([3.0, 2.0, 0.0, -1.0, 0.5])  # the first stage trusts Sam Cataldo's sentences
+    x = rerank_features("What is the population of the town Sam Cataldo represents?", BRIDGE, owner, sents, scores)
+    col = {n: x[:, i] for i, n in enumerate(RERANK_FEATURES)}
+    assert x.shape == (5, len(RERANK_FEATURES))
+    z = (scores - scores.mean()) / (scores.std() + 1e-6)
+    # only a trailing "(qualifier)" is dropped from a title: "New Durham, New Hampshire" is not named here
+    assert col["hop_in"][2] == NO_HOP and col["hop_top"][2] == 0
+    renamed = [BRIDGE[0], Passage(title="New Durham (town)", text=BRIDGE[1].text), BRIDGE[2]]
+    x = rerank_features("What is the population of the town Sam Cataldo represents?", renamed, owner, sents, scores)
+    col = {n: x[:, i] for i, n in enumerate(RERANK_FEATURES)}
+    assert col["hop_in"][2] == col["hop_in"][3] == pytest.approx(z[1])  # named by the 2nd sentence
+    assert list(col["hop_top"]) == [0, 0, 1, 1, 0] and list(col["hop_top_x_first"]) == [0, 0, 1, 0, 0]
+    assert col["hop_in"][0] == col["hop_in"][4] == NO_HOP  # nobody names Sam Cataldo or Rinconada
+    assert col["passage_max"][3] == pytest.approx(z[2]) and col["score"][1] == 2.0
+    # the expanded query (question + top sentences) reaches "New Durham" sentences the question alone does not
+    assert col["hop_bm25"][2] > col["hop_bm25"][4]
+    assert rerank_features("q", BRIDGE, [], [], np.zeros(0)).shape == (0, len(RERANK_FEATURES))
+    one = rerank_features("population?", BRIDGE[2:], [0], [BRIDGE[2].text], np.array([1.0]))
+    assert one.shape == (1, len(RERANK_FEATURES)) and np.isfinite(one).all()
+
+
+def _reranker(seed=0):
+    from compressor.sentinel.rerank import RERANK_FEATURES, HopReranker
+
+    rng = np.random.default_rng(seed)
+    n = len(RERANK_FEATURES)
+    return HopReranker(SentinelProbe(rng.normal(size=n), np.abs(rng.normal(size=n)) + 0.1, rng.normal(size=n), 0.0))
+
+
+def test_two_stage_artifact_round_trip_and_checks(counter, tiny_probe, tmp_path):
+    from compressor.sentinel.rerank import HopReranker
+
+    first = _trained(counter, tiny_probe)
+    comp = SentinelCompressor(counter, first.config, first.probe, tiny_probe, reranker=_reranker())
+    q = "What is the population of the town Sam Cataldo represents?"
+    sents = comp.sentences(BRIDGE)
+    s1, s2 = first.score_sentences(q, BRIDGE, sents), comp.score_sentences(q, BRIDGE, sents)
+    assert s1.shape == s2.shape and not np.allclose(s1, s2)
+    path = comp.save_pretrained(tmp_path / "two", training={}, scores={})
+    cfg = json.loads((path / "compressor_config.json").read_text())
+    assert cfg["format_version"] == 5 and cfg["rerank"]["top_k"] == 2
+    again = SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_probe)
+    assert again.reranker is not None
+    np.testing.assert_allclose(again.score_sentences(q, BRIDGE, sents), s2, rtol=1e-5)
+    budget = Budget(ratio=2)
+    assert again.compress(q, BRIDGE, budget).tokens_out <= budget.max_tokens(again.compress(q, BRIDGE, budget).tokens_in)
+    # a one-stage artifact loads without a reranker; tensors and manifest must agree
+    assert SentinelCompressor.from_pretrained(first.save_pretrained(tmp_path / "one"), counter,
+                                              proxy=comp.config.proxy, attention=tiny_probe).reranker is None
+    (path / "compressor_config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "rerank"}))
+    with pytest.raises(ArtifactError, match=r"unexpected tensors \['rerank.coef'"):
+        SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_probe)
+    (path / "compressor_config.json").write_text(json.dumps({**cfg, "rerank": {"features": ["score"], "top_k": 2}}))
+    with pytest.raises(ArtifactError, match="retrain with `ragpress train sentinel`"):
+        SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_probe)
+    with pytest.raises(ConfigError, match="the reranker's classifier has 3 weights"):
+        HopReranker(SentinelProbe(np.zeros(3), np.ones(3), np.zeros(3), 0.0))
+    with pytest.raises(ConfigError, match="top_k=0"):
+        HopReranker(_reranker().classifier, top_k=0)
+
+
 @pytest.mark.real_model
 @pytest.mark.skipif(not (SHIPPED_ARTIFACT / "compressor_config.json").exists(), reason="no shipped probe yet")
 def test_shipped_probe_on_real_hotpotqa(counter):
@@ -337,3 +421,12 @@ def test_train_sentinel_forced_depth_and_feature_cache(counter, tiny_model_dir, 
     tuned, _ = train_sentinel(records, counter, **{**kw, "min_score": 0.5})
     path = tuned.save_pretrained(tmp_path / "tuned")
     assert SentinelCompressor.from_pretrained(path, counter, proxy=str(tiny_model_dir)).config.min_score == 0.5
+    # the second stage: scored next to the first stage alone (nested CV and validation), kept when asked
+    rr = report["rerank"]
+    assert {"cv", "cv_first_stage", "val", "val_first_stage", "kept"} <= rr.keys()
+    assert 0 <= rr["cv"]["recall@20%"] <= 1 and "recall@20%_unit" in rr["cv"]
+    two, _ = train_sentinel(records, counter, **{**kw, "rerank": True})
+    one, r1 = train_sentinel(records, counter, **{**kw, "rerank": False})
+    assert two.reranker is not None and one.reranker is None and r1["rerank"]["kept"] is False
+    again = SentinelCompressor.from_pretrained(two.save_pretrained(tmp_path / "two"), counter, proxy=str(tiny_model_dir))
+    np.testing.assert_allclose(again.reranker.classifier.coef, two.reranker.classifier.coef, rtol=1e-6)

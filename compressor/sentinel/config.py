@@ -16,7 +16,8 @@ __all__ = ["SentinelConfig", "FeatureLayout", "FORMAT_VERSION", "DEFAULT_LAYOUT"
 # 2: the feature layout is named in the manifest (format-1 artifacts read as V1_LAYOUT)
 # 3: a layout may name the embedder-similarity scalars; the embedder's id and sha256 are recorded and checked
 # 4: a layout may name the passage-link scalars (LINK_EXTRAS)
-FORMAT_VERSION = 4
+# 5: an optional second stage (``rerank`` in the manifest, ``rerank.*`` tensors; see rerank.py)
+FORMAT_VERSION = 5
 
 
 class SentinelConfig(SentenceFilterConfig):

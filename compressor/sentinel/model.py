@@ -23,6 +23,7 @@ from ..base import Passage, TokenCounter
 from ..errors import ArtifactError, ConfigError
 from ..filters.base import Sentence, SentenceFilter
 from .config import DEFAULT_LAYOUT, FORMAT_VERSION, FeatureLayout, SentinelConfig
+from .rerank import RERANK_FEATURES, HopReranker
 
 __all__ = ["SentinelProbe", "SentinelCompressor", "SHIPPED_ARTIFACT"]
 
@@ -53,7 +54,8 @@ class SentinelCompressor(SentenceFilter):
     config: SentinelConfig
 
     def __init__(self, counter: TokenCounter, config: SentinelConfig, probe: SentinelProbe, attention: Any,
-                 layout: FeatureLayout = DEFAULT_LAYOUT, manifest: dict[str, Any] | None = None) -> None:
+                 layout: FeatureLayout = DEFAULT_LAYOUT, manifest: dict[str, Any] | None = None,
+                 reranker: HopReranker | None = None) -> None:
         super().__init__(counter, config)
         width = layout.width(config.layers or attention.n_layers, attention.n_heads)
         if probe.coef.shape[0] != width:
@@ -63,6 +65,7 @@ class SentinelCompressor(SentenceFilter):
             raise ConfigError(f"the attention reader embeds with {getattr(attention, 'embedder', None)!r} but the "
                               f"config names embedder={config.embedder!r}; build both with the same embedder")
         self.probe, self.attention, self.layout, self.manifest = probe, attention, layout, manifest or {}
+        self.reranker = reranker
         if config.cache_dir and hasattr(attention, "embed_cache_dir"):
             attention.embed_cache_dir = config.cache_dir
 
@@ -73,7 +76,10 @@ class SentinelCompressor(SentenceFilter):
         for s in sentences:
             spans[s.passage].append((s.start, s.end))
         feats = self.attention.features(query, passages, spans, layers=self.config.layers, layout=self.layout)
-        return self.probe(feats.x.astype(np.float64))
+        scores = self.probe(feats.x.astype(np.float64))
+        if self.reranker is None:
+            return scores
+        return self.reranker(query, passages, [s.passage for s in sentences], [s.text for s in sentences], scores)
 
     # -- artifact ---------------------------------------------------------------------------------------
     def save_pretrained(self, directory: str | Path, training: dict[str, Any] | None = None,
@@ -94,9 +100,13 @@ class SentinelCompressor(SentenceFilter):
             "training": training if training is not None else self.manifest.get("training"),
             "scores": scores if scores is not None else self.manifest.get("scores"),
         }
+        tensors = self.probe.tensors()
+        if self.reranker is not None:
+            cfg["rerank"] = {"features": list(RERANK_FEATURES), "top_k": self.reranker.top_k}
+            tensors.update({f"rerank.{k}": v for k, v in self.reranker.classifier.tensors().items()})
         if self.layout.uses_embedder:
             cfg["embedder"] = {"id": model_id(self.config.embedder), "sha256": model_fingerprint(self.config.embedder)}
-        return write_artifact(directory, cfg, self.probe.tensors(), card or _card(cfg))
+        return write_artifact(directory, cfg, tensors, card or _card(cfg))
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, counter: TokenCounter, proxy: str | None = None,
@@ -106,7 +116,8 @@ class SentinelCompressor(SentenceFilter):
         from ..models import NAMED_MODELS, model_fingerprint
         from .probe import AttentionProbe
 
-        cfg, t = read_artifact(directory, "sentinel", FORMAT_VERSION, _KEYS)
+        cfg, t = read_artifact(directory, "sentinel", FORMAT_VERSION)
+        reranker = _read_reranker(directory, cfg, t)
         trained = cfg["proxy"]["id"]
         proxy = proxy or (trained if trained in NAMED_MODELS else None)
         if proxy is None:
@@ -134,9 +145,28 @@ class SentinelCompressor(SentenceFilter):
             attention = AttentionProbe.load(proxy, dtype=config.dtype, query_positions=config.query_positions,
                                             max_context_tokens=config.max_context_tokens, embedder=config.embedder,
                                             embed_cache_dir=config.cache_dir)
-        probe = SentinelProbe(t["scaler_mean"].astype(np.float64), t["scaler_scale"].astype(np.float64),
-                              t["coef"].astype(np.float64), float(t["intercept"][0]))
-        return cls(counter, config, probe, attention, layout=layout, manifest=cfg)
+        return cls(counter, config, _probe_from(t), attention, layout=layout, manifest=cfg, reranker=reranker)
+
+
+def _probe_from(t: dict[str, np.ndarray], prefix: str = "") -> SentinelProbe:
+    return SentinelProbe(t[f"{prefix}scaler_mean"].astype(np.float64), t[f"{prefix}scaler_scale"].astype(np.float64),
+                         t[f"{prefix}coef"].astype(np.float64), float(t[f"{prefix}intercept"][0]))
+
+
+def _read_reranker(directory: str | Path, cfg: dict[str, Any], t: dict[str, np.ndarray]) -> HopReranker | None:
+    """The second stage named by ``cfg["rerank"]`` (format 5), checking that the tensors match it."""
+    spec = cfg.get("rerank")
+    expected = _KEYS | ({f"rerank.{k}" for k in _KEYS} if spec is not None else set())
+    missing, unexpected = sorted(expected - t.keys()), sorted(t.keys() - expected)
+    if missing or unexpected:
+        raise ArtifactError(f"artifact {directory}: missing tensors {missing}, unexpected tensors {unexpected}")
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or spec.get("features") != list(RERANK_FEATURES) or not isinstance(spec.get("top_k"), int):
+        raise ArtifactError(f"artifact {directory}: rerank={spec!r} does not name this ragpress's second-stage "
+                            f"features {list(RERANK_FEATURES)} with an integer top_k; retrain with "
+                            "`ragpress train sentinel`")
+    return HopReranker(_probe_from(t, "rerank."), spec["top_k"])
 
 
 def _card(cfg: dict[str, Any]) -> str:

@@ -30,6 +30,7 @@ import torch
 from ..base import Passage
 from ..errors import ConfigError, InputError
 from .config import DEFAULT_LAYOUT, LINK_EXTRAS, NO_LINK, FeatureLayout
+from .rerank import title_pattern
 
 __all__ = ["ProbeFeatures", "AttentionProbe", "ATTN_IMPL", "select_columns", "link_features"]
 
@@ -116,20 +117,13 @@ def _content_words(text: str) -> set[str]:
     return {w for w in _WORD.findall(text.lower()) if w not in STOPWORDS_EN_PLUS}
 
 
-def _title_pattern(title: str | None) -> re.Pattern[str] | None:
-    """A whole-word, case-insensitive pattern of a passage title without a trailing qualifier ("Up (film)" ->
-    "up"); None for a title too short to name anything reliably."""
-    t = re.sub(r"\s*\([^()]*\)\s*$", "", title or "").strip()
-    return re.compile(r"(?<!\w)" + re.escape(t) + r"(?!\w)", re.IGNORECASE) if len(t) >= 3 else None
-
-
 def link_features(passages: list[Passage], owner: list[int], sents: list[str], bm25_z: np.ndarray) -> dict[str, np.ndarray]:
     """The :data:`LINK_EXTRAS` of each sentence (``owner``: its passage index; ``sents``: its text)."""
     P, n = len(passages), len(owner)
     rel = np.full(P, NO_LINK)
     for i, pi in enumerate(owner):
         rel[pi] = max(rel[pi], bm25_z[i])
-    pats = [_title_pattern(p.title) for p in passages]
+    pats = [title_pattern(p.title) for p in passages]
     names = np.zeros((P, P), dtype=bool)  # names[a, b]: passage a's text names passage b's title
     for b, pat in enumerate(pats):
         if pat is not None:

@@ -26,6 +26,7 @@ from ..text import split_sentences
 from .config import DEFAULT_LAYOUT, EMBED_EXTRAS, LINK_EXTRAS, V1_LAYOUT, FeatureLayout, SentinelConfig
 from .model import SentinelCompressor, SentinelProbe
 from .probe import AttentionProbe, select_columns
+from .rerank import HopReranker, rerank_features
 
 __all__ = ["QuestionFeatures", "extract_features", "fit_probe", "recall_at_budget", "split_order", "train_sentinel"]
 
@@ -90,6 +91,25 @@ def load_features(path: str | Path, layout: FeatureLayout = DEFAULT_LAYOUT) -> l
     return out
 
 
+@dataclass
+class QuestionText:
+    """What the second stage reads besides the first stage's scores: one question's sentences as text."""
+
+    question: str
+    passages: list[Passage]
+    owner: list[int]  # passage index per sentence
+    sents: list[str]
+
+
+def question_texts(records: Sequence[tuple[str, str, list[Passage]]]) -> list[QuestionText]:
+    """The sentences of each record, split as :func:`extract_features` splits them (same order)."""
+    out = []
+    for _, q, passages in records:
+        pairs = [(pi, p.text[a:b]) for pi, p in enumerate(passages) for a, b in split_sentences(p.text)]
+        out.append(QuestionText(q, passages, [o for o, _ in pairs], [t for _, t in pairs]))
+    return out
+
+
 def split_order(n: int, seed: int = 0) -> list[int]:
     """Record indices in the seeded order of the train/validation split: the first ``int(n * val_fraction)``
     are the validation questions."""
@@ -149,12 +169,78 @@ def _fit_and_score(tr, val, cols, c, seed):
     return probe, auc, recall_at_budget(val_k, probe, 0.20), recall_at_budget(val_k, probe, 0.33)
 
 
+def _folds(n: int, folds: int) -> list[list[int]]:
+    return [list(range(i, n, folds)) for i in range(folds)]
+
+
+def _oof_scores(qs: Sequence[QuestionFeatures], cols: np.ndarray, c: float, seed: int, folds: int) -> list[np.ndarray]:
+    """First-stage scores of every question from a probe that never saw it (``folds``-fold cross-fitting):
+    the second stage must learn from scores as noisy as those it will get on new questions."""
+    out: list[np.ndarray] = [np.zeros(0)] * len(qs)
+    for part in _folds(len(qs), folds):
+        held = set(part)
+        probe = fit_probe(np.concatenate([q.x[:, cols] for i, q in enumerate(qs) if i not in held]),
+                          np.concatenate([q.y for i, q in enumerate(qs) if i not in held]), c, seed)
+        for i in part:
+            out[i] = probe(qs[i].x[:, cols])
+    return out
+
+
+def fit_two_stage(qs: Sequence[QuestionFeatures], texts: Sequence[QuestionText], cols: np.ndarray, c: float,
+                  c2: float, top_k: int, seed: int, folds: int) -> tuple[SentinelProbe, HopReranker]:
+    """The first-stage probe on all of ``qs``, and the second stage fit on cross-fitted first-stage scores."""
+    probe = fit_probe(np.concatenate([q.x[:, cols] for q in qs]), np.concatenate([q.y for q in qs]), c, seed)
+    oof = _oof_scores(qs, cols, c, seed, folds)
+    x2 = np.concatenate([rerank_features(t.question, t.passages, t.owner, t.sents, s, top_k)
+                         for t, s in zip(texts, oof)])
+    return probe, HopReranker(fit_probe(x2, np.concatenate([q.y for q in qs]), c2, seed), top_k)
+
+
+def _score_questions(score: Callable[[QuestionFeatures, QuestionText], np.ndarray], qs, texts,
+                     sources: Sequence[str] = ()) -> dict[str, float]:
+    """AUC and recall@20%/33% of ``score(features, text)`` on ``qs`` (and recall@20% per source in
+    ``sources``)."""
+    from sklearn.metrics import roc_auc_score
+
+    scored = [QuestionFeatures(q.source, score(q, t)[:, None], q.y, q.costs, q.tokens_in) for q, t in zip(qs, texts)]
+    y = np.concatenate([q.y for q in scored])
+    out = {"auc": float(roc_auc_score(y, np.concatenate([q.x[:, 0] for q in scored]))) if 0 < y.sum() < len(y)
+           else float("nan"),
+           "recall@20%": recall_at_budget(scored, lambda x: x[:, 0], 0.20),
+           "recall@33%": recall_at_budget(scored, lambda x: x[:, 0], 0.33)}
+    for src in sources:
+        out[f"recall@20%_{src}"] = recall_at_budget([q for q in scored if q.source == src], lambda x: x[:, 0], 0.20)
+    return out
+
+
+def _rerank_report(tr, val, tr_texts, val_texts, cols, c, c2, top_k, seed, folds, sources) -> dict[str, Any]:
+    """Scores of the two-stage probe next to the first stage alone, fit the same way: nested CV on the
+    training questions, then fit on all of them and scored on the validation questions."""
+    def both(fit_q, fit_t, qs, texts):
+        probe, reranker = fit_two_stage(fit_q, fit_t, cols, c, c2, top_k, seed, folds)
+        two = _score_questions(lambda q, t: reranker(t.question, t.passages, t.owner, t.sents, probe(q.x[:, cols])),
+                               qs, texts, sources)
+        return two, _score_questions(lambda q, t: probe(q.x[:, cols]), qs, texts, sources)
+
+    cv = []
+    for part in _folds(len(tr), folds):
+        fit = [i for i in range(len(tr)) if i not in set(part)]
+        cv.append(both([tr[i] for i in fit], [tr_texts[i] for i in fit], [tr[i] for i in part],
+                       [tr_texts[i] for i in part]))
+    val_two, val_one = both(tr, tr_texts, val, val_texts)
+
+    def mean(rows):
+        return {k: round(float(np.nanmean([r[k] for r in rows])), 4) for k in rows[0]}
+
+    return {"C": c2, "top_k": top_k, "cv": mean([r[0] for r in cv]), "cv_first_stage": mean([r[1] for r in cv]),
+            "val": mean([val_two]), "val_first_stage": mean([val_one])}
+
+
 def _cv_score(tr, cols, c, seed, folds: int) -> tuple[float, float, float]:
     """Mean (AUC, recall@20%, recall@33%) over ``folds`` question-grouped folds of the training questions: a
     steadier basis for choosing the layout and depth than one small validation split."""
-    parts = [list(range(i, len(tr), folds)) for i in range(folds)]
     scores = []
-    for part in parts:
+    for part in _folds(len(tr), folds):
         held = set(part)
         fit = [q for i, q in enumerate(tr) if i not in held]
         _, auc, r20, r33 = _fit_and_score(fit, [tr[i] for i in part], cols, c, seed)
@@ -179,6 +265,9 @@ def train_sentinel(
     layers: int | None = None,
     cv_folds: int = 5,
     min_score: float | None = None,
+    rerank: bool | None = None,
+    rerank_c: float = 0.1,
+    rerank_top_k: int = 2,
 ) -> tuple[SentinelCompressor, dict[str, Any]]:
     """Extract features, pick the layout and (layers, C) by ``cv_folds``-fold cross-validation on the training
     questions, fit on all of them, and return the compressor with a report that also scores every candidate on
@@ -186,7 +275,12 @@ def train_sentinel(
     compared at full depth; the chosen one has the best CV recall@20%. The depth chosen is the shallowest
     whose CV recall@20% is within ``recall_tolerance`` of the best (cheaper compression for the same quality);
     ``layers`` forces the depth instead (the grid still reports every depth). ``min_score`` is stored in the
-    compressor's config (see :class:`~compressor.filters.base.SentenceFilterConfig`)."""
+    compressor's config (see :class:`~compressor.filters.base.SentenceFilterConfig`).
+
+    Then the second stage (:mod:`~compressor.sentinel.rerank`, regularisation ``rerank_c``, hop queries from the
+    ``rerank_top_k`` best sentences) is fit on cross-fitted first-stage scores and scored the same way (CV on
+    the training questions, nested; and on the validation questions). ``rerank=None`` keeps it when its CV
+    recall@20% beats the first stage's; True / False force the choice."""
     layouts = layouts or LAYOUT_CANDIDATES
     full = FeatureLayout(tuple(dict.fromkeys(b for lay in layouts.values() for b in lay.pooling)),
                          tuple(dict.fromkeys(e for lay in layouts.values() for e in lay.extra)))
@@ -204,6 +298,7 @@ def train_sentinel(
         feats = extract_features(records, attention, counter, progress, layout=full)
         if features_cache is not None:
             save_features(features_cache, feats, full)
+    texts = question_texts(records)
     idx = split_order(len(feats), seed)
     n_val = max(1, int(len(idx) * val_fraction))
     val = [feats[i] for i in idx[:n_val]]
@@ -263,13 +358,26 @@ def train_sentinel(
     chosen = layers or min(k for k, v in best.items() if v[0][0] >= top - recall_tolerance)
     probe = best[chosen][1]
     chosen_row = max((r for r in rows if r["layers"] == chosen), key=rank)
+    chosen_cols = select_columns(full, n_layers, layout, chosen, heads)
+    rerank_report = _rerank_report(tr, val, [texts[i] for i in idx[n_val:]], [texts[i] for i in idx[:n_val]],
+                                   chosen_cols, chosen_row["C"], rerank_c, rerank_top_k, seed, cv_folds,
+                                   sorted({q.source for q in feats}))
+    keep = rerank if rerank is not None else rerank_report["cv"]["recall@20%"] > rerank_report["cv_first_stage"]["recall@20%"]
+    rerank_report["kept"] = bool(keep)
+    log(f"second stage (C={rerank_c}, top_k={rerank_top_k}): cv {rerank_report['cv']} | first stage alone "
+        f"{rerank_report['cv_first_stage']} | val {rerank_report['val']} -> {'kept' if keep else 'not kept'}")
+    reranker = None
+    if keep:
+        probe, reranker = fit_two_stage(tr, [texts[i] for i in idx[n_val:]], chosen_cols, chosen_row["C"], rerank_c,
+                                        rerank_top_k, seed, cv_folds)
     config = SentinelConfig(proxy=proxy, layers=chosen, embedder=embedder, min_score=min_score)
-    comp = SentinelCompressor(counter, config, probe, attention, layout=layout)
+    comp = SentinelCompressor(counter, config, probe, attention, layout=layout, reranker=reranker)
     sources: dict[str, int] = {}
     for q in feats:
         sources[q.source] = sources.get(q.source, 0) + 1
     report = {
         "chosen": {**chosen_row, "layout": best_ab["layout"]},
+        "rerank": rerank_report,
         "layout_ablation": ablation,
         "grid": rows,
         "n_train_questions": len(tr),
