@@ -179,6 +179,9 @@ def _card(cfg: dict[str, Any]) -> str:
         *([f"Embedder of the embed_* features: `{cfg['embedder']['id']}` (sha256 `{cfg['embedder']['sha256']}`)."]
           if cfg.get("embedder") else []),
         "Classifier: standardised features + logistic regression (scikit-learn), stored as tensors.",
+        *([f"Second stage (`rerank.*` tensors): a logistic regression on {len(cfg['rerank']['features'])} features of "
+           f"the first stage's scores (links from its top {cfg['rerank']['top_k']} sentences, expanded-query BM25, "
+           "passage context); see compressor/sentinel/rerank.py."] if cfg.get("rerank") else []),
         "",
         "Training data: " + str((cfg.get("training") or {}).get("data", "")),
         "",
