@@ -189,5 +189,9 @@ def _card(cfg: dict[str, Any]) -> str:
         "",
     ]
     lines += [f"- {k}: {v}" for k, v in s.items() if not isinstance(v, (dict, list))]
+    rr = s.get("rerank") if isinstance(s.get("rerank"), dict) else {}
+    if rr.get("kept"):
+        lines += ["", "The scores above are the first stage's. With the second stage (shipped):", ""]
+        lines += [f"- {k}: {rr[k]}" for k in ("cv", "val") if k in rr]
     lines += ["", "Reproduce with `ragpress train sentinel`.", ""]
     return "\n".join(lines)
