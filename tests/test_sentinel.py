@@ -320,6 +320,22 @@ def test_rerank_features_follow_the_bridge():
     assert one.shape == (1, len(RERANK_FEATURES)) and np.isfinite(one).all()
 
 
+def test_title_mentions_match_the_title_pattern():
+    """The fast substring search agrees with the whole-word, case-insensitive regex on awkward text: word
+    boundaries at digits, underscores and accents, a qualifier dropped, text that lower-casing lengthens."""
+    from compressor.sentinel.rerank import title_mentions, title_pattern
+
+    titles = ["Up (film)", "New Durham", "Ab", None, "Café Müller", "R2-D2", "İstanbul", "x_y"]
+    texts = ["Up is a film.", "up-to-date", "upper", "The town of NEW DURHAM.", "New Durhams", "cafÉ müller ok",
+             "R2-D2s", "İSTANBUL and istanbul", "x_yz x_y", "", "pup", "Café Müller_", "up\nnew durham"]
+    for group in (texts, texts[:7], ["İ" + t for t in texts[:7]]):  # the last: lower() lengthens every text
+        got = title_mentions(titles, group)
+        want = np.array([[title_pattern(ti) is not None and title_pattern(ti).search(t) is not None for ti in titles]
+                         for t in group])
+        np.testing.assert_array_equal(got, want)
+    assert title_mentions(titles, []).shape == (0, len(titles))
+
+
 def _reranker(seed=0):
     from compressor.sentinel.rerank import RERANK_FEATURES, HopReranker
 

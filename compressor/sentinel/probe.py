@@ -30,7 +30,7 @@ import torch
 from ..base import Passage
 from ..errors import ConfigError, InputError
 from .config import DEFAULT_LAYOUT, LINK_EXTRAS, NO_LINK, FeatureLayout
-from .rerank import title_pattern
+from .rerank import title_mentions
 
 __all__ = ["ProbeFeatures", "AttentionProbe", "ATTN_IMPL", "select_columns", "link_features"]
 
@@ -123,18 +123,14 @@ def link_features(passages: list[Passage], owner: list[int], sents: list[str], b
     rel = np.full(P, NO_LINK)
     for i, pi in enumerate(owner):
         rel[pi] = max(rel[pi], bm25_z[i])
-    pats = [title_pattern(p.title) for p in passages]
-    names = np.zeros((P, P), dtype=bool)  # names[a, b]: passage a's text names passage b's title
-    for b, pat in enumerate(pats):
-        if pat is not None:
-            for a in range(P):
-                names[a, b] = a != b and pat.search(passages[a].text) is not None
-    link_in = np.where(names, rel[:, None], -np.inf).max(0, initial=-np.inf)
-    out = np.full(n, NO_LINK)
-    for i, pi in enumerate(owner):
-        named = [rel[b] for b, pat in enumerate(pats) if b != pi and pat is not None and pat.search(sents[i])]
-        out[i] = max(named, default=NO_LINK)
+    titles = [p.title for p in passages]
     own = np.asarray(owner, dtype=np.int64)
+    names = title_mentions(titles, [p.text for p in passages])  # names[a, b]: passage a's text names b's title
+    np.fill_diagonal(names, False)
+    link_in = np.where(names, rel[:, None], -np.inf).max(0, initial=-np.inf)
+    said = title_mentions(titles, sents)  # said[i, b]: sentence i names passage b's title
+    said[np.arange(n), own] = False
+    out = np.maximum(np.where(said, rel[None, :], -np.inf).max(1, initial=-np.inf), NO_LINK)
     return {"passage_bm25": rel[own], "link_in": np.maximum(link_in, NO_LINK)[own], "link_out": out,
             "log1p_mentions": np.log1p(names.sum(0))[own].astype(np.float64)}
 

@@ -20,7 +20,7 @@ import numpy as np
 from ..base import Passage
 from ..errors import ConfigError
 
-__all__ = ["RERANK_FEATURES", "HopReranker", "rerank_features", "title_pattern"]
+__all__ = ["RERANK_FEATURES", "HopReranker", "rerank_features", "title_mentions", "title_pattern"]
 
 # Column order of the second stage's input (stored in the artifact; a reranker is fed the columns it was fit on).
 RERANK_FEATURES = (
@@ -40,11 +40,51 @@ RERANK_FEATURES = (
 NO_HOP = -3.0
 
 
+def _title_core(title: str | None) -> str | None:
+    t = re.sub(r"\s*\([^()]*\)\s*$", "", title or "").strip()
+    return t if len(t) >= 3 else None
+
+
 def title_pattern(title: str | None) -> re.Pattern[str] | None:
     """A whole-word, case-insensitive pattern of a passage title without a trailing qualifier ("Up (film)" ->
     "up"); None for a title too short to name anything reliably."""
-    t = re.sub(r"\s*\([^()]*\)\s*$", "", title or "").strip()
-    return re.compile(r"(?<!\w)" + re.escape(t) + r"(?!\w)", re.IGNORECASE) if len(t) >= 3 else None
+    t = _title_core(title)
+    return re.compile(r"(?<!\w)" + re.escape(t) + r"(?!\w)", re.IGNORECASE) if t else None
+
+
+def _is_word(c: str) -> bool:
+    return c.isalnum() or c == "_"  # what re's \w matches in a str pattern
+
+
+def title_mentions(titles: list[str | None], texts: list[str]) -> np.ndarray:
+    """``[len(texts), len(titles)]`` bool: does text i name title b, as :func:`title_pattern` matches it.
+
+    A case-folded substring search with the word-boundary check done by hand, over the joined texts (a NUL
+    between them, which \\w does not match): a regex with a look-behind tried at every position of the
+    text was 0.7 ms per title at 100 passages. Text that changes length when lower-cased uses the regex."""
+    out = np.zeros((len(texts), len(titles)), dtype=bool)
+    if not texts:
+        return out
+    joined = "\0".join(texts)
+    low = joined.lower()
+    starts = np.cumsum([0] + [len(t) + 1 for t in texts[:-1]])
+    for b, title in enumerate(titles):
+        core = _title_core(title)
+        if core is None:
+            continue
+        needle = core.lower()
+        if len(low) == len(joined) and len(needle) == len(core):
+            hits, i = [], low.find(needle)
+            while i >= 0:
+                j = i + len(needle)
+                if (i == 0 or not _is_word(low[i - 1])) and (j == len(low) or not _is_word(low[j])):
+                    hits.append(i)
+                i = low.find(needle, i + 1)
+        else:
+            hits = [m.start() for m in title_pattern(title).finditer(joined)]  # type: ignore[union-attr]
+        if hits:
+            out[np.searchsorted(starts, hits, side="right") - 1, b] = True
+    return out
 
 
 def _z(a: np.ndarray) -> np.ndarray:
@@ -64,10 +104,8 @@ def rerank_features(query: str, passages: list[Passage], owner: list[int], sents
     own = np.asarray(owner, dtype=np.int64)
     P = len(passages)
     z = _z(s)
-    pats = [title_pattern(p.title) for p in passages]
-    # names[j, b]: sentence j (of another passage) names passage b's title
-    names = np.array([[pats[b] is not None and b != own[j] and pats[b].search(sents[j]) is not None
-                       for b in range(P)] for j in range(n)], dtype=bool)
+    names = title_mentions([p.title for p in passages], sents)  # sentence j names passage b
+    names[np.arange(n), own] = False  # a passage's own sentences do not link to it
     hop_in = np.maximum(np.where(names, z[:, None], -np.inf).max(0, initial=-np.inf), NO_HOP)[own]
     top = np.argsort(-s, kind="stable")[:top_k]
     hop_top = names[top].any(0)[own].astype(np.float64)
