@@ -9,6 +9,7 @@ from conftest import HOTPOT, make_tiny_llama
 
 from adapters.datasets import load_dataset
 from compressor import ArtifactError, BaseModelMismatchError, Budget, ConfigError, Passage, get_compressor
+from compressor.errors import InputError
 from compressor.sentinel import SHIPPED_ARTIFACT, SentinelCompressor, SentinelConfig, SentinelProbe
 from compressor.sentinel.config import DEFAULT_LAYOUT, V1_LAYOUT, FeatureLayout
 from compressor.sentinel.probe import AttentionProbe, select_columns
@@ -318,6 +319,10 @@ def test_rerank_features_follow_the_bridge():
     assert rerank_features("q", BRIDGE, [], [], np.zeros(0)).shape == (0, len(RERANK_FEATURES))
     one = rerank_features("population?", BRIDGE[2:], [0], [BRIDGE[2].text], np.array([1.0]))
     assert one.shape == (1, len(RERANK_FEATURES)) and np.isfinite(one).all()
+    with pytest.raises(InputError, match="owner has 5 entries, sents 5, scores 4"):
+        rerank_features("q", BRIDGE, owner, sents, scores[:4])
+    with pytest.raises(InputError, match="hold 1 NaN/inf"):
+        rerank_features("q", BRIDGE, owner, sents, np.r_[scores[:4], np.nan])
 
 
 def test_title_mentions_match_the_title_pattern():
@@ -325,10 +330,12 @@ def test_title_mentions_match_the_title_pattern():
     boundaries at digits, underscores and accents, a qualifier dropped, text that lower-casing lengthens."""
     from compressor.sentinel.rerank import title_mentions, title_pattern
 
-    titles = ["Up (film)", "New Durham", "Ab", None, "Café Müller", "R2-D2", "İstanbul", "x_y"]
+    titles = ["Up (film)", "New Durham", "Ab", None, "Café Müller", "R2-D2", "İstanbul", "x_y", "Istanbul", "Sams",
+              "Kin", "μ Arae"]
     texts = ["Up is a film.", "up-to-date", "upper", "The town of NEW DURHAM.", "New Durhams", "cafÉ müller ok",
-             "R2-D2s", "İSTANBUL and istanbul", "x_yz x_y", "", "pup", "Café Müller_", "up\nnew durham"]
-    for group in (texts, texts[:7], ["İ" + t for t in texts[:7]]):  # the last: lower() lengthens every text
+             "R2-D2s", "istanbul", "x_yz x_y", "", "pup", "Café Müller_", "up\nnew durham", "µ Arae", "ΜΑ"]
+    folded = ["ıstanbul", "ſams", "\u212ain", "İSTANBUL"]  # the regex folds these onto ASCII letters, lower() does not
+    for group in (texts, texts[:7], texts + folded[:1], texts + folded[1:2], texts + folded[2:3], texts + folded[3:]):
         got = title_mentions(titles, group)
         want = np.array([[title_pattern(ti) is not None and title_pattern(ti).search(t) is not None for ti in titles]
                          for t in group])
@@ -370,6 +377,10 @@ def test_two_stage_artifact_round_trip_and_checks(counter, tiny_probe, tmp_path)
     (path / "compressor_config.json").write_text(json.dumps({**cfg, "rerank": {"features": ["score"], "top_k": 2}}))
     with pytest.raises(ArtifactError, match="retrain with `ragpress train sentinel`"):
         SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_probe)
+    for bad in (0, True, "2"):
+        (path / "compressor_config.json").write_text(json.dumps({**cfg, "rerank": {**cfg["rerank"], "top_k": bad}}))
+        with pytest.raises(ArtifactError, match="integer rerank.top_k >= 1"):
+            SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_probe)
     with pytest.raises(ConfigError, match="the reranker's classifier has 3 weights"):
         HopReranker(SentinelProbe(np.zeros(3), np.ones(3), np.zeros(3), 0.0))
     with pytest.raises(ConfigError, match="top_k=0"):

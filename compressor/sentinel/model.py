@@ -159,14 +159,22 @@ def _read_reranker(directory: str | Path, cfg: dict[str, Any], t: dict[str, np.n
     expected = _KEYS | ({f"rerank.{k}" for k in _KEYS} if spec is not None else set())
     missing, unexpected = sorted(expected - t.keys()), sorted(t.keys() - expected)
     if missing or unexpected:
-        raise ArtifactError(f"artifact {directory}: missing tensors {missing}, unexpected tensors {unexpected}")
+        raise ArtifactError(f"artifact {directory}: missing tensors {missing}, unexpected tensors {unexpected} (the "
+                            "manifest's `rerank` entry and the `rerank.*` tensors come together); re-save it with "
+                            "`ragpress train sentinel`")
     if spec is None:
         return None
-    if not isinstance(spec, dict) or spec.get("features") != list(RERANK_FEATURES) or not isinstance(spec.get("top_k"), int):
+    top_k = spec.get("top_k") if isinstance(spec, dict) else None
+    if not isinstance(spec, dict) or spec.get("features") != list(RERANK_FEATURES) or isinstance(top_k, bool) \
+            or not isinstance(top_k, int) or top_k < 1:
         raise ArtifactError(f"artifact {directory}: rerank={spec!r} does not name this ragpress's second-stage "
-                            f"features {list(RERANK_FEATURES)} with an integer top_k; retrain with "
+                            f"features {list(RERANK_FEATURES)} with an integer rerank.top_k >= 1; retrain with "
                             "`ragpress train sentinel`")
-    return HopReranker(_probe_from(t, "rerank."), spec["top_k"])
+    try:
+        return HopReranker(_probe_from(t, "rerank."), top_k)
+    except ConfigError as e:
+        raise ArtifactError(f"artifact {directory}: the `rerank.*` tensors are inconsistent ({e}); retrain with "
+                            "`ragpress train sentinel`") from None
 
 
 def _card(cfg: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..base import Passage
-from ..errors import ConfigError
+from ..errors import ConfigError, InputError
 
 __all__ = ["RERANK_FEATURES", "HopReranker", "rerank_features", "title_mentions", "title_pattern"]
 
@@ -52,6 +52,9 @@ def title_pattern(title: str | None) -> re.Pattern[str] | None:
     return re.compile(r"(?<!\w)" + re.escape(t) + r"(?!\w)", re.IGNORECASE) if t else None
 
 
+_FOLDS_TO_ASCII = "\u0131\u017f\u212a\u0130"  # ı ſ K İ: case-insensitive regexes match them to i s k i
+
+
 def _is_word(c: str) -> bool:
     return c.isalnum() or c == "_"  # what re's \w matches in a str pattern
 
@@ -61,19 +64,22 @@ def title_mentions(titles: list[str | None], texts: list[str]) -> np.ndarray:
 
     A case-folded substring search with the word-boundary check done by hand, over the joined texts (a NUL
     between them, which \\w does not match): a regex with a look-behind tried at every position of the
-    text was 0.7 ms per title at 100 passages. Text that changes length when lower-cased uses the regex."""
+    text was 0.7 ms per title at 100 passages. The regex is used instead where ``lower()`` and the regex's case
+    folding could disagree: a non-ASCII title, text that lower-casing lengthens, or text holding a character
+    the regex folds onto an ASCII letter (dotless i, long s, Kelvin sign)."""
     out = np.zeros((len(texts), len(titles)), dtype=bool)
     if not texts:
         return out
     joined = "\0".join(texts)
     low = joined.lower()
+    plain = len(low) == len(joined) and not any(c in joined for c in _FOLDS_TO_ASCII)
     starts = np.cumsum([0] + [len(t) + 1 for t in texts[:-1]])
     for b, title in enumerate(titles):
         core = _title_core(title)
         if core is None:
             continue
         needle = core.lower()
-        if len(low) == len(joined) and len(needle) == len(core):
+        if plain and core.isascii():
             hits, i = [], low.find(needle)
             while i >= 0:
                 j = i + len(needle)
@@ -98,9 +104,15 @@ def rerank_features(query: str, passages: list[Passage], owner: list[int], sents
     from ..filters.bm25 import bm25_scores
 
     n = len(sents)
+    s = np.asarray(scores, dtype=np.float64)
+    if not len(owner) == n == len(s):
+        raise InputError(f"rerank_features: owner has {len(owner)} entries, sents {n}, scores {len(s)}; give one of "
+                         "each per sentence")
     if n == 0:
         return np.zeros((0, len(RERANK_FEATURES)))
-    s = np.asarray(scores, dtype=np.float64)
+    if not np.isfinite(s).all():
+        raise InputError(f"rerank_features: the first stage's scores hold {int((~np.isfinite(s)).sum())} NaN/inf "
+                         "values; check the probe's features")
     own = np.asarray(owner, dtype=np.int64)
     P = len(passages)
     z = _z(s)

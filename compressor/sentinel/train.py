@@ -299,6 +299,10 @@ def train_sentinel(
         if features_cache is not None:
             save_features(features_cache, feats, full)
     texts = question_texts(records)
+    stale = [i for i, (q, t) in enumerate(zip(feats, texts)) if len(q.y) != len(t.sents)]
+    if stale:
+        raise ValueError(f"features of {len(stale)} questions (first: #{stale[0]}) do not match their sentences: "
+                         f"{features_cache} was extracted from other records or another splitter; delete it")
     idx = split_order(len(feats), seed)
     n_val = max(1, int(len(idx) * val_fraction))
     val = [feats[i] for i in idx[:n_val]]
