@@ -30,7 +30,7 @@ import torch
 from ..base import Passage
 from ..errors import ConfigError, InputError
 from .config import DEFAULT_LAYOUT, LINK_EXTRAS, NO_LINK, FeatureLayout
-from .rerank import title_mentions
+from .rerank import title_mentions, zscore
 
 __all__ = ["ProbeFeatures", "AttentionProbe", "ATTN_IMPL", "select_columns", "link_features"]
 
@@ -133,11 +133,6 @@ def link_features(passages: list[Passage], owner: list[int], sents: list[str], b
     out = np.maximum(np.where(said, rel[None, :], -np.inf).max(1, initial=-np.inf), NO_LINK)
     return {"passage_bm25": rel[own], "link_in": np.maximum(link_in, NO_LINK)[own], "link_out": out,
             "log1p_mentions": np.log1p(names.sum(0))[own].astype(np.float64)}
-
-
-def _zscore(a: np.ndarray) -> np.ndarray:
-    """Per-column z-score over rows (zeros for a single row)."""
-    return (a - a.mean(0)) / (a.std(0) + 1e-6) if len(a) > 1 else np.zeros_like(a)
 
 
 @dataclass
@@ -323,7 +318,7 @@ class AttentionProbe:
             for i, (a, b) in enumerate(trs):
                 if b > a:
                     mean[i] = A[:, a:b].mean(1)
-            return _zscore(np.log(mean + 1e-6))
+            return zscore(np.log(mean + 1e-6))
 
         blocks: dict[str, np.ndarray] = {}
         for gi, group in enumerate(("question", "final")):
@@ -347,13 +342,13 @@ class AttentionProbe:
             docs = [f"{t}: {s}" if t else s for t, s in zip(titles, sents)]  # as the minilm filter scores them
             cos = self.embed_similarity(query, docs, owner)
             extras["embed_cos"] = cos
-            extras["embed_z"] = _zscore(cos[:, None])[:, 0] if n else []
+            extras["embed_z"] = zscore(cos[:, None])[:, 0] if n else []
         if {"question_overlap", "title_overlap", "bm25_z", *LINK_EXTRAS} & set(layout.extra):
             share = lambda t: len(qwords & _content_words(t)) / len(qwords) if qwords else 0.0  # noqa: E731
             extras["question_overlap"] = [share(t) for t in sents]
             extras["title_overlap"] = [share(t) for t in titles]
             bm = bm25_scores(query, [f"{t} {s}" for t, s in zip(titles, sents)])
-            extras["bm25_z"] = _zscore(bm[:, None])[:, 0] if n else np.zeros(0)
+            extras["bm25_z"] = zscore(bm[:, None])[:, 0] if n else np.zeros(0)
             if set(LINK_EXTRAS) & set(layout.extra):
                 extras.update(link_features(passages, owner, sents, extras["bm25_z"]))
         cols = [blocks[b] for b in layout.pooling] + [np.asarray(extras[e], dtype=np.float64)[:, None]

@@ -20,7 +20,7 @@ import numpy as np
 from ..base import Passage
 from ..errors import ConfigError, InputError
 
-__all__ = ["RERANK_FEATURES", "HopReranker", "rerank_features", "title_mentions", "title_pattern"]
+__all__ = ["RERANK_FEATURES", "HopReranker", "rerank_features", "title_mentions", "title_pattern", "zscore"]
 
 # Column order of the second stage's input (stored in the artifact; a reranker is fed the columns it was fit on).
 RERANK_FEATURES = (
@@ -93,8 +93,9 @@ def title_mentions(titles: list[str | None], texts: list[str]) -> np.ndarray:
     return out
 
 
-def _z(a: np.ndarray) -> np.ndarray:
-    return (a - a.mean()) / (a.std() + 1e-6) if len(a) > 1 else np.zeros_like(a)
+def zscore(a: np.ndarray) -> np.ndarray:
+    """Per-column z-score over rows (zeros for a single row); a 1-D array is one column."""
+    return (a - a.mean(0)) / (a.std(0) + 1e-6) if len(a) > 1 else np.zeros_like(a)
 
 
 def rerank_features(query: str, passages: list[Passage], owner: list[int], sents: list[str], scores: np.ndarray,
@@ -115,7 +116,7 @@ def rerank_features(query: str, passages: list[Passage], owner: list[int], sents
                          "values; check the probe's features")
     own = np.asarray(owner, dtype=np.int64)
     P = len(passages)
-    z = _z(s)
+    z = zscore(s)
     names = title_mentions([p.title for p in passages], sents)  # sentence j names passage b
     names[np.arange(n), own] = False  # a passage's own sentences do not link to it
     hop_in = np.maximum(np.where(names, z[:, None], -np.inf).max(0, initial=-np.inf), NO_HOP)[own]
@@ -125,8 +126,8 @@ def rerank_features(query: str, passages: list[Passage], owner: list[int], sents
     np.maximum.at(pmax, own, z)
     pmax = pmax[own]
     docs = [f"{passages[o].title or ''} {t}" for o, t in zip(own, sents)]
-    bm = _z(bm25_scores(query, docs))
-    hop_bm = _z(bm25_scores(" ".join([query, *(sents[j] for j in top)]), docs))
+    bm = zscore(bm25_scores(query, docs))
+    hop_bm = zscore(bm25_scores(" ".join([query, *(sents[j] for j in top)]), docs))
     first = np.r_[True, own[1:] != own[:-1]].astype(np.float64)
     cols = [s, z, hop_in, hop_top, pmax, hop_bm, hop_in * bm, hop_top * bm, hop_top * first, hop_in * first,
             np.maximum(hop_in, pmax), z - pmax]

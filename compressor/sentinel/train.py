@@ -213,27 +213,30 @@ def _score_questions(score: Callable[[QuestionFeatures, QuestionText], np.ndarra
     return out
 
 
-def _rerank_report(tr, val, tr_texts, val_texts, cols, c, c2, top_k, seed, folds, sources) -> dict[str, Any]:
+def _rerank_report(tr, val, tr_texts, val_texts, cols, c, c2, top_k, seed, folds,
+                   sources) -> tuple[dict[str, Any], tuple[SentinelProbe, HopReranker]]:
     """Scores of the two-stage probe next to the first stage alone, fit the same way: nested CV on the
-    training questions, then fit on all of them and scored on the validation questions."""
+    training questions, then fit on all of them and scored on the validation questions. Also returns that
+    last fit (both stages on all training questions)."""
     def both(fit_q, fit_t, qs, texts):
         probe, reranker = fit_two_stage(fit_q, fit_t, cols, c, c2, top_k, seed, folds)
         two = _score_questions(lambda q, t: reranker(t.question, t.passages, t.owner, t.sents, probe(q.x[:, cols])),
                                qs, texts, sources)
-        return two, _score_questions(lambda q, t: probe(q.x[:, cols]), qs, texts, sources)
+        return two, _score_questions(lambda q, t: probe(q.x[:, cols]), qs, texts, sources), (probe, reranker)
 
     cv = []
     for part in _folds(len(tr), folds):
         fit = [i for i in range(len(tr)) if i not in set(part)]
         cv.append(both([tr[i] for i in fit], [tr_texts[i] for i in fit], [tr[i] for i in part],
                        [tr_texts[i] for i in part]))
-    val_two, val_one = both(tr, tr_texts, val, val_texts)
+    val_two, val_one, fitted = both(tr, tr_texts, val, val_texts)
 
     def mean(rows):
         return {k: round(float(np.nanmean([r[k] for r in rows])), 4) for k in rows[0]}
 
-    return {"C": c2, "top_k": top_k, "cv": mean([r[0] for r in cv]), "cv_first_stage": mean([r[1] for r in cv]),
-            "val": mean([val_two]), "val_first_stage": mean([val_one])}
+    report = {"C": c2, "top_k": top_k, "cv": mean([r[0] for r in cv]), "cv_first_stage": mean([r[1] for r in cv]),
+              "val": mean([val_two]), "val_first_stage": mean([val_one])}
+    return report, fitted
 
 
 def _cv_score(tr, cols, c, seed, folds: int) -> tuple[float, float, float]:
@@ -363,17 +366,16 @@ def train_sentinel(
     probe = best[chosen][1]
     chosen_row = max((r for r in rows if r["layers"] == chosen), key=rank)
     chosen_cols = select_columns(full, n_layers, layout, chosen, heads)
-    rerank_report = _rerank_report(tr, val, [texts[i] for i in idx[n_val:]], [texts[i] for i in idx[:n_val]],
-                                   chosen_cols, chosen_row["C"], rerank_c, rerank_top_k, seed, cv_folds,
-                                   sorted({q.source for q in feats}))
+    rerank_report, two_stage = _rerank_report(
+        tr, val, [texts[i] for i in idx[n_val:]], [texts[i] for i in idx[:n_val]], chosen_cols, chosen_row["C"],
+        rerank_c, rerank_top_k, seed, cv_folds, sorted({q.source for q in feats}))
     keep = rerank if rerank is not None else rerank_report["cv"]["recall@20%"] > rerank_report["cv_first_stage"]["recall@20%"]
     rerank_report["kept"] = bool(keep)
     log(f"second stage (C={rerank_c}, top_k={rerank_top_k}): cv {rerank_report['cv']} | first stage alone "
         f"{rerank_report['cv_first_stage']} | val {rerank_report['val']} -> {'kept' if keep else 'not kept'}")
     reranker = None
     if keep:
-        probe, reranker = fit_two_stage(tr, [texts[i] for i in idx[n_val:]], chosen_cols, chosen_row["C"], rerank_c,
-                                        rerank_top_k, seed, cv_folds)
+        probe, reranker = two_stage
     config = SentinelConfig(proxy=proxy, layers=chosen, embedder=embedder, min_score=min_score)
     comp = SentinelCompressor(counter, config, probe, attention, layout=layout, reranker=reranker)
     sources: dict[str, int] = {}
