@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     ts.add_argument("--rerank", choices=["auto", "yes", "no"], default="auto",
                     help="second stage (multi-hop re-scoring from the probe's scores): auto keeps it when its "
                     "cross-validated recall@20%% beats the probe alone")
+    ts.add_argument("--complete-links", action="store_true", help="store complete_links=True in the artifact: a "
+                    "kept sentence naming another passage's title brings that passage's best sentence")
     _add_train_xrag(tsub)
     _add_train_icae(tsub)
     return ap
@@ -378,12 +380,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     counter = TokenCounter.from_tokenizer(load_tokenizer(args.proxy))
     comp, report = train_sentinel(records, counter, proxy=args.proxy, embedder=args.embedder, seed=args.seed,
                                   features_cache=args.features_cache, layers=args.layers, min_score=args.min_score,
-                                  rerank={"auto": None, "yes": True, "no": False}[args.rerank])
+                                  rerank={"auto": None, "yes": True, "no": False}[args.rerank],
+                                  complete_links=args.complete_links)
     training = {"data": data, **{k: v for k, v in report.items()
                                  if k not in ("chosen", "grid", "layout_ablation", "rerank")}}
     if args.min_score is not None:
         training["min_score"] = (f"{args.min_score:g}: best mean answer F1 (SmolLM2-135M and Gemma 3 270M, ratio 5) "
                                  "on the validation questions, by examples/choose_min_score.py")
+    if args.complete_links:
+        training["complete_links"] = ("on: paired answer F1 on the HotpotQA training questions scored out of fold, "
+                                      "by runs/exp/links_f1.py (see the README)")
     scores = {**report["chosen"], "rerank": report["rerank"], "layout_ablation": report["layout_ablation"],
               "grid": report["grid"]}
     path = comp.save_pretrained(args.out, training=training, scores=scores)

@@ -5,8 +5,11 @@ from conftest import HOTPOT
 
 from adapters.datasets import load_dataset
 from adapters.metrics import evidence_recall
-from compressor import Budget, get_compressor
+from compressor import Budget, Passage, get_compressor
+from compressor.errors import InputError
 from compressor.filters import select_within_budget
+from compressor.filters.base import Sentence
+from compressor.text import split_sentences
 
 PASSAGES = [
     {"title": "Paris", "text": "Paris is the capital of France. It has many museums. The Louvre is the largest."},
@@ -85,3 +88,64 @@ def test_min_score_stops_before_the_budget(counter):
                                                                       if s >= cut)
     assert comp.compress(q, PASSAGES, Budget(ratio=1.2, threshold=-1e9)).tokens_out == full.tokens_out
     assert comp.compress(q, PASSAGES, Budget(ratio=1)).tokens_out == full.tokens_in
+
+
+def test_select_within_budget_completes_links():
+    """A kept sentence naming another passage brings that passage's best sentence that fits, right after it,
+    whatever its score; a passage already represented, or a link from a sentence not kept, brings nothing."""
+    owner = [0, 0, 1, 1, 2]
+    links = [[1], [], [], [], []]
+    scores = [0.9, 0.1, -1.0, -0.5, 0.3]
+    assert select_within_budget(scores, [5] * 5, 100, threshold=0.8) == [0]
+    assert select_within_budget(scores, [5] * 5, 100, threshold=0.8, owner=owner, links=links) == [0, 3]
+    # the linked passage's best sentence does not fit: its next best that does
+    assert select_within_budget(scores, [5, 5, 5, 50, 5], 12, threshold=0.8, owner=owner, links=links) == [0, 2]
+    # the link is followed before lower-ranked sentences take the budget
+    assert select_within_budget(scores, [5] * 5, 10, owner=owner, links=links) == [0, 3]
+    # passage 1 already kept (its sentence outranks the linking one): no second sentence of it
+    assert select_within_budget([0.5, 0.1, 0.9, -0.5, 0.3], [5] * 5, 100, threshold=0.4, owner=owner,
+                                links=links) == [0, 2]
+    # a link from a sentence below the threshold is not followed
+    assert select_within_budget([0.1, 0.1, 0.9, -0.5, 0.3], [5] * 5, 100, threshold=0.4, owner=owner,
+                                links=[[], [], [], [], [0]]) == [2]
+    with pytest.raises(InputError, match="owner is required"):
+        select_within_budget(scores, [5] * 5, 100, links=links)
+    with pytest.raises(InputError, match="one of each per sentence"):
+        select_within_budget(scores, [5] * 4, 100)
+
+
+def test_passage_links_names_other_titles_only():
+    from compressor.filters.base import passage_links
+
+    passages = [Passage(title="Coco (film)", text="Coco was made by Pixar. It won an award."),
+                Passage(title="Pixar", text="Pixar is a studio. It made Coco in 2017."),
+                Passage(title="Pixar", text="Pixar is in Emeryville."),
+                Passage(title="Up", text="Pixar made Up and drank cocoa.")]
+    sents = [Sentence(pi, j, s, e, p.text[s:e], 0) for pi, p in enumerate(passages)
+             for j, (s, e) in enumerate(split_sentences(p.text))]
+    got = {s.text: links for s, links in zip(sents, passage_links(passages, sents))}
+    assert got["Coco was made by Pixar."] == [1, 2]
+    assert got["It made Coco in 2017."] == [0]  # the qualifier "(film)" is dropped from "Coco (film)"
+    assert got["Pixar is in Emeryville."] == []  # never its own title, nor another passage sharing it
+    # whole words only ("cocoa" does not name "Coco"); a title under 3 characters ("Up") names nothing
+    assert got["Pixar made Up and drank cocoa."] == [1, 2]
+    assert [links for s, links in zip(sents, passage_links(passages, sents)) if s.passage == 1][0] == []
+    assert passage_links(passages, []) == []
+
+
+def test_complete_links_in_a_compressor(counter):
+    """With ``complete_links`` a bridge question keeps the second hop, which shares no word with it, and the
+    budget still holds."""
+    passages = [Passage(title="Sam Cataldo", text="His district comprises the town of New Durham."),
+                Passage(title="New Durham", text="It is a rural place. The population was 2,638 at the 2010 census."),
+                Passage(title="Cats", text="Cats sleep a lot. Dogs bark.")]
+    q = "What is the population of the town represented by Sam Cataldo?"
+    plain = get_compressor("bm25", counter=counter, min_score=1e9).compress(q, passages, Budget(ratio=1.05))
+    linked = get_compressor("bm25", counter=counter, min_score=1e9, complete_links=True).compress(
+        q, passages, Budget(ratio=1.05))
+    assert [p.index for p in plain.passages] == [0]
+    assert [p.index for p in linked.passages] == [0, 1]
+    assert linked.passages[1].text == "The population was 2,638 at the 2010 census."  # its best sentence only
+    assert linked.tokens_out <= Budget(ratio=1.05).max_tokens(linked.tokens_in)
+    tight = get_compressor("bm25", counter=counter, complete_links=True).compress(q, passages, Budget(target_tokens=3))
+    assert tight.tokens_out <= 3

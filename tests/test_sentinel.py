@@ -11,7 +11,7 @@ from adapters.datasets import load_dataset
 from compressor import ArtifactError, BaseModelMismatchError, Budget, ConfigError, Passage, get_compressor
 from compressor.errors import InputError
 from compressor.sentinel import SHIPPED_ARTIFACT, SentinelCompressor, SentinelConfig, SentinelProbe
-from compressor.sentinel.config import DEFAULT_LAYOUT, V1_LAYOUT, FeatureLayout
+from compressor.sentinel.config import DEFAULT_LAYOUT, FORMAT_VERSION, V1_LAYOUT, FeatureLayout
 from compressor.sentinel.probe import AttentionProbe, select_columns
 from compressor.text import split_sentences
 
@@ -200,17 +200,18 @@ def test_works_on_gemma3_architecture(smol_tokenizer, tmp_path):
     np.testing.assert_allclose(f.x[:, 12:24], (logm - logm.mean(0)) / (logm.std(0) + 1e-6), rtol=1e-3, atol=1e-3)
 
 
-def _trained(counter, tiny_probe, layout=DEFAULT_LAYOUT):
+def _trained(counter, tiny_probe, layout=DEFAULT_LAYOUT, **options):
     rng = np.random.default_rng(0)
     width = layout.width(2, 4)
     probe = SentinelProbe(rng.normal(size=width), np.abs(rng.normal(size=width)) + 0.1, rng.normal(size=width), 0.1)
-    return SentinelCompressor(counter, SentinelConfig(proxy=str(tiny_probe.model.name_or_path), dtype="float32"),
-                              probe, tiny_probe, layout=layout)
+    return SentinelCompressor(counter, SentinelConfig(proxy=str(tiny_probe.model.name_or_path), dtype="float32",
+                                                      **options), probe, tiny_probe, layout=layout)
 
 
+@pytest.mark.parametrize("options", [{}, {"complete_links": True, "min_score": 0.0}])
 @pytest.mark.parametrize("budget", [Budget(ratio=2), Budget(ratio=5), Budget(target_tokens=10)])
-def test_budget_order_and_spans(counter, tiny_probe, budget):
-    comp = _trained(counter, tiny_probe)
+def test_budget_order_and_spans(counter, tiny_probe, budget, options):
+    comp = _trained(counter, tiny_probe, **options)
     ctx = comp.compress("What is the capital of France?", PASSAGES, budget)
     assert ctx.tokens_out <= budget.max_tokens(ctx.tokens_in)
     assert [p.index for p in ctx.passages] == sorted(p.index for p in ctx.passages)
@@ -328,7 +329,7 @@ def test_rerank_features_follow_the_bridge():
 def test_title_mentions_match_the_title_pattern():
     """The fast substring search agrees with the whole-word, case-insensitive regex on awkward text: word
     boundaries at digits, underscores and accents, a qualifier dropped, text that lower-casing lengthens."""
-    from compressor.sentinel.rerank import title_mentions, title_pattern
+    from compressor.text import title_mentions, title_pattern
 
     titles = ["Up (film)", "New Durham", "Ab", None, "Café Müller", "R2-D2", "İstanbul", "x_y", "Istanbul", "Sams",
               "Kin", "μ Arae"]
@@ -355,16 +356,23 @@ def test_two_stage_artifact_round_trip_and_checks(counter, tiny_probe, tmp_path)
     from compressor.sentinel.rerank import HopReranker
 
     first = _trained(counter, tiny_probe)
-    comp = SentinelCompressor(counter, first.config, first.probe, tiny_probe, reranker=_reranker())
+    comp = SentinelCompressor(counter, first.config.model_copy(update={"complete_links": True}), first.probe,
+                              tiny_probe, reranker=_reranker())
     q = "What is the population of the town Sam Cataldo represents?"
     sents = comp.sentences(BRIDGE)
     s1, s2 = first.score_sentences(q, BRIDGE, sents), comp.score_sentences(q, BRIDGE, sents)
     assert s1.shape == s2.shape and not np.allclose(s1, s2)
     path = comp.save_pretrained(tmp_path / "two", training={}, scores={})
     cfg = json.loads((path / "compressor_config.json").read_text())
-    assert cfg["format_version"] == 5 and cfg["rerank"]["top_k"] == 2
+    assert cfg["format_version"] == FORMAT_VERSION and cfg["rerank"]["top_k"] == 2
     again = SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_probe)
-    assert again.reranker is not None
+    assert again.reranker is not None and again.config.complete_links
+    # a format-5 artifact (no complete_links in its config) loads with the selection it was made for
+    (path / "compressor_config.json").write_text(json.dumps(
+        {**cfg, "format_version": 5, "config": {k: v for k, v in cfg["config"].items() if k != "complete_links"}}))
+    assert not SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy,
+                                                  attention=tiny_probe).config.complete_links
+    (path / "compressor_config.json").write_text(json.dumps(cfg))
     np.testing.assert_allclose(again.score_sentences(q, BRIDGE, sents), s2, rtol=1e-5)
     budget = Budget(ratio=2)
     assert again.compress(q, BRIDGE, budget).tokens_out <= budget.max_tokens(again.compress(q, BRIDGE, budget).tokens_in)

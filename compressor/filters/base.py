@@ -9,9 +9,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..base import Budget, CompressedPassage, Compressor, Passage, TokenCounter
-from ..text import split_sentences
+from ..errors import InputError
+from ..text import split_sentences, title_core, title_mentions
 
-__all__ = ["SentenceFilterConfig", "SentenceFilter", "Sentence", "select_within_budget"]
+__all__ = ["SentenceFilterConfig", "SentenceFilter", "Sentence", "select_within_budget", "passage_links"]
 
 
 class SentenceFilterConfig(BaseModel):
@@ -24,6 +25,11 @@ class SentenceFilterConfig(BaseModel):
     min_score: float | None = Field(
         default=None, description="When compressing, drop sentences scoring below this even if the budget has room "
         "(the best sentence is always kept); a budget's own threshold replaces it; None fills the budget.")
+    complete_links: bool = Field(
+        default=False, description="Multi-hop completion: when a kept sentence names another passage by its title "
+        "(whole words, case-insensitive, a trailing '(qualifier)' dropped; passages with the sentence's own title "
+        "excepted) and nothing of that passage is kept yet, that passage's best sentence that fits is kept next, "
+        "whatever its score: a bridge question's second hop rarely shares words with the question.")
 
 
 @dataclass(frozen=True)
@@ -37,20 +43,59 @@ class Sentence:
 
 
 def select_within_budget(scores: np.ndarray, costs: list[int], max_tokens: int | None,
-                         threshold: float | None = None, min_keep: int = 0) -> list[int]:
+                         threshold: float | None = None, min_keep: int = 0, owner: list[int] | None = None,
+                         links: list[list[int]] | None = None) -> list[int]:
     """Indices (ascending) of the sentences to keep: best score first while the summed cost fits
     ``max_tokens``; with ``threshold`` only sentences scoring at least that, except that the best ``min_keep``
-    sentences that fit are kept whatever their score. Ties keep the earlier one."""
-    order = sorted(range(len(scores)), key=lambda i: (-float(scores[i]), i))
-    kept, used = [], 0
+    sentences that fit are kept whatever their score. Ties keep the earlier one.
+
+    ``links[i]`` (with ``owner[i]``, the passage of sentence i): the passages sentence i names. Right after
+    sentence i is kept, each named passage with nothing kept yet gets its best sentence that fits, whatever
+    its score (see ``SentenceFilterConfig.complete_links``)."""
+    n = len(scores)
+    if len(costs) != n or (links is not None and (owner is None or len(owner) != n or len(links) != n)):
+        raise InputError(f"select_within_budget: {n} scores, {len(costs)} costs, owner "
+                         f"{None if owner is None else len(owner)}, links {None if links is None else len(links)}; "
+                         "give one of each per sentence (owner is required with links)")
+    order = sorted(range(n), key=lambda i: (-float(scores[i]), i))
+    kept: set[int] = set()
+    passages_kept: set[int] = set()
+    used = 0
+
+    def take(i: int) -> bool:
+        nonlocal used
+        if i in kept or (max_tokens is not None and used + costs[i] > max_tokens):
+            return False
+        kept.add(i)
+        used += costs[i]
+        if owner is not None:
+            passages_kept.add(owner[i])
+        return True
+
+    by_passage: dict[int, list[int]] = {}
+    if links is not None:
+        for i in order:
+            by_passage.setdefault(owner[i], []).append(i)  # type: ignore[index]
     for i in order:
         if threshold is not None and scores[i] < threshold and len(kept) >= min_keep:
             break
-        if max_tokens is not None and used + costs[i] > max_tokens:
+        if not take(i):
             continue  # a shorter, lower-ranked sentence may still fit
-        kept.append(i)
-        used += costs[i]
+        for b in (links[i] if links is not None else ()):
+            if b not in passages_kept:
+                next((j for j in by_passage.get(b, ()) if take(j)), None)
     return sorted(kept)
+
+
+def passage_links(passages: list[Passage], sentences: list[Sentence]) -> list[list[int]]:
+    """Per sentence, the other passages it names by title (:func:`~compressor.text.title_mentions`), leaving out
+    passages whose title is the sentence's own passage's (SQuAD-style contexts share one article title)."""
+    if not sentences:
+        return []
+    names = title_mentions([p.title for p in passages], [s.text for s in sentences])
+    core = [(title_core(p.title) or "").casefold() for p in passages]
+    return [[int(b) for b in np.nonzero(row)[0] if core[b] != core[s.passage]]
+            for s, row in zip(sentences, names)]
 
 
 class SentenceFilter(Compressor):
@@ -86,10 +131,12 @@ class SentenceFilter(Compressor):
         scores = np.asarray(self.score_sentences(query, passages, sents), dtype=np.float64)
         # Reserve one token per kept sentence for the joining space so the joined text fits too.
         costs = [s.tokens + 1 for s in sents]
+        links = dict(owner=[s.passage for s in sents], links=passage_links(passages, sents)) \
+            if self.config.complete_links else {}
         if budget.threshold is not None or self.config.min_score is None:
-            keep = select_within_budget(scores, costs, max_tokens, budget.threshold)
+            keep = select_within_budget(scores, costs, max_tokens, budget.threshold, **links)
         else:
-            keep = select_within_budget(scores, costs, max_tokens, self.config.min_score, min_keep=1)
+            keep = select_within_budget(scores, costs, max_tokens, self.config.min_score, min_keep=1, **links)
         return self._assemble(passages, sents, keep, scores, max_tokens)
 
     def _verbatim(self, passages: list[Passage], sents: list[Sentence]) -> list[CompressedPassage]:

@@ -17,7 +17,8 @@ __all__ = ["SentinelConfig", "FeatureLayout", "FORMAT_VERSION", "DEFAULT_LAYOUT"
 # 3: a layout may name the embedder-similarity scalars; the embedder's id and sha256 are recorded and checked
 # 4: a layout may name the passage-link scalars (LINK_EXTRAS)
 # 5: an optional second stage (``rerank`` in the manifest, ``rerank.*`` tensors; see rerank.py)
-FORMAT_VERSION = 5
+# 6: the config may hold ``complete_links`` (multi-hop completion of the selection)
+FORMAT_VERSION = 6
 
 
 class SentinelConfig(SentenceFilterConfig):

@@ -201,5 +201,7 @@ def _card(cfg: dict[str, Any]) -> str:
     if rr.get("kept"):
         lines += ["", "The scores above are the first stage's. With the second stage (shipped):", ""]
         lines += [f"- {k}: {rr[k]}" for k in ("cv", "val") if k in rr]
-    lines += ["", "Reproduce with `ragpress train sentinel`.", ""]
+    c = cfg.get("config") or {}
+    lines += ["", f"Selection: min_score={c.get('min_score')}, complete_links={c.get('complete_links', False)} (see "
+              "compressor/filters/base.py).", "", "Reproduce with `ragpress train sentinel`.", ""]
     return "\n".join(lines)

@@ -29,8 +29,9 @@ import torch
 
 from ..base import Passage
 from ..errors import ConfigError, InputError
+from ..text import title_mentions
 from .config import DEFAULT_LAYOUT, LINK_EXTRAS, NO_LINK, FeatureLayout
-from .rerank import title_mentions, zscore
+from .rerank import zscore
 
 __all__ = ["ProbeFeatures", "AttentionProbe", "ATTN_IMPL", "select_columns", "link_features"]
 

@@ -12,15 +12,15 @@ gives the final score. No proxy pass is added: the cost is two BM25 scorings and
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 import numpy as np
 
 from ..base import Passage
 from ..errors import ConfigError, InputError
+from ..text import title_mentions
 
-__all__ = ["RERANK_FEATURES", "HopReranker", "rerank_features", "title_mentions", "title_pattern", "zscore"]
+__all__ = ["RERANK_FEATURES", "HopReranker", "rerank_features", "zscore"]
 
 # Column order of the second stage's input (stored in the artifact; a reranker is fed the columns it was fit on).
 RERANK_FEATURES = (
@@ -38,59 +38,6 @@ RERANK_FEATURES = (
     "score_minus_passage_max",
 )
 NO_HOP = -3.0
-
-
-def _title_core(title: str | None) -> str | None:
-    t = re.sub(r"\s*\([^()]*\)\s*$", "", title or "").strip()
-    return t if len(t) >= 3 else None
-
-
-def title_pattern(title: str | None) -> re.Pattern[str] | None:
-    """A whole-word, case-insensitive pattern of a passage title without a trailing qualifier ("Up (film)" ->
-    "up"); None for a title too short to name anything reliably."""
-    t = _title_core(title)
-    return re.compile(r"(?<!\w)" + re.escape(t) + r"(?!\w)", re.IGNORECASE) if t else None
-
-
-_FOLDS_TO_ASCII = "\u0131\u017f\u212a\u0130"  # ı ſ K İ: case-insensitive regexes match them to i s k i
-
-
-def _is_word(c: str) -> bool:
-    return c.isalnum() or c == "_"  # what re's \w matches in a str pattern
-
-
-def title_mentions(titles: list[str | None], texts: list[str]) -> np.ndarray:
-    """``[len(texts), len(titles)]`` bool: does text i name title b, as :func:`title_pattern` matches it.
-
-    A case-folded substring search with the word-boundary check done by hand, over the joined texts (a NUL
-    between them, which \\w does not match): a regex with a look-behind tried at every position of the
-    text was 0.7 ms per title at 100 passages. The regex is used instead where ``lower()`` and the regex's case
-    folding could disagree: a non-ASCII title, text that lower-casing lengthens, or text holding a character
-    the regex folds onto an ASCII letter (dotless i, long s, Kelvin sign)."""
-    out = np.zeros((len(texts), len(titles)), dtype=bool)
-    if not texts:
-        return out
-    joined = "\0".join(texts)
-    low = joined.lower()
-    plain = len(low) == len(joined) and not any(c in joined for c in _FOLDS_TO_ASCII)
-    starts = np.cumsum([0] + [len(t) + 1 for t in texts[:-1]])
-    for b, title in enumerate(titles):
-        core = _title_core(title)
-        if core is None:
-            continue
-        needle = core.lower()
-        if plain and core.isascii():
-            hits, i = [], low.find(needle)
-            while i >= 0:
-                j = i + len(needle)
-                if (i == 0 or not _is_word(low[i - 1])) and (j == len(low) or not _is_word(low[j])):
-                    hits.append(i)
-                i = low.find(needle, i + 1)
-        else:
-            hits = [m.start() for m in title_pattern(title).finditer(joined)]  # type: ignore[union-attr]
-        if hits:
-            out[np.searchsorted(starts, hits, side="right") - 1, b] = True
-    return out
 
 
 def zscore(a: np.ndarray) -> np.ndarray:

@@ -271,14 +271,17 @@ def train_sentinel(
     rerank: bool | None = None,
     rerank_c: float = 0.1,
     rerank_top_k: int = 2,
+    complete_links: bool = False,
 ) -> tuple[SentinelCompressor, dict[str, Any]]:
     """Extract features, pick the layout and (layers, C) by ``cv_folds``-fold cross-validation on the training
     questions, fit on all of them, and return the compressor with a report that also scores every candidate on
     the validation questions (never used for a choice). Layouts (default :data:`LAYOUT_CANDIDATES`) are
     compared at full depth; the chosen one has the best CV recall@20%. The depth chosen is the shallowest
     whose CV recall@20% is within ``recall_tolerance`` of the best (cheaper compression for the same quality);
-    ``layers`` forces the depth instead (the grid still reports every depth). ``min_score`` is stored in the
-    compressor's config (see :class:`~compressor.filters.base.SentenceFilterConfig`).
+    ``layers`` forces the depth instead (the grid still reports every depth). ``min_score`` and
+    ``complete_links`` are stored in the compressor's config (see
+    :class:`~compressor.filters.base.SentenceFilterConfig`); the recall figures of the report rank by score
+    alone.
 
     Then the second stage (:mod:`~compressor.sentinel.rerank`, regularisation ``rerank_c``, hop queries from the
     ``rerank_top_k`` best sentences) is fit on cross-fitted first-stage scores and scored the same way (CV on
@@ -376,7 +379,8 @@ def train_sentinel(
     reranker = None
     if keep:
         probe, reranker = two_stage
-    config = SentinelConfig(proxy=proxy, layers=chosen, embedder=embedder, min_score=min_score)
+    config = SentinelConfig(proxy=proxy, layers=chosen, embedder=embedder, min_score=min_score,
+                            complete_links=complete_links)
     comp = SentinelCompressor(counter, config, probe, attention, layout=layout, reranker=reranker)
     sources: dict[str, int] = {}
     for q in feats:
