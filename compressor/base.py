@@ -64,7 +64,8 @@ class Budget(BaseModel):
     """How much context to keep. Give ``ratio`` (tokens in / tokens out, >= 1) or ``target_tokens``, or neither
     (the method's default). A budget at or above the input size is a documented no-op: everything is kept.
     ``threshold`` (score-based filters only) keeps every sentence scoring at least that value, capped by the
-    token budget if one is also given."""
+    token budget if one is also given (a filter with ``complete_links`` may add a named passage's best sentence
+    below it)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -70,15 +70,16 @@ def _spans_of(text: str, sentences: list[str]) -> list[tuple[int, int]]:
 
 
 def title_core(title: str | None) -> str | None:
-    """The title without a trailing parenthesised qualifier ("Up (film)" -> "Up"); None when under 3
-    characters (too short to name anything reliably)."""
+    """The title without a trailing parenthesised qualifier ("Coco (film)" -> "Coco"); None when under 3
+    characters (too short to name anything reliably). A comma qualifier stays: "New Durham, New Hampshire" is
+    named only in full."""
     t = re.sub(r"\s*\([^()]*\)\s*$", "", title or "").strip()
     return t if len(t) >= 3 else None
 
 
 def title_pattern(title: str | None) -> re.Pattern[str] | None:
-    """A whole-word, case-insensitive pattern of a passage title without a trailing qualifier ("Up (film)" ->
-    "up"); None for a title too short to name anything reliably."""
+    """A whole-word, case-insensitive pattern of :func:`title_core` ("Coco (film)" matches "coco", not
+    "cocoa"); None for a title too short to name anything reliably."""
     t = title_core(title)
     return re.compile(r"(?<!\w)" + re.escape(t) + r"(?!\w)", re.IGNORECASE) if t else None
 

@@ -38,12 +38,20 @@ from compressor.sentinel.train import _folds, fit_two_stage, load_features, ques
 def out_of_fold_scores(features_cache: Path, data: Path, artifact: Path, folds: int = 5):
     """(training features, texts, examples, two-stage scores from a fit that never saw the question)."""
     cfg = json.loads((artifact / "compressor_config.json").read_text())
+    seed = cfg["training"]["seed"]
     feats = load_features(features_cache, DEFAULT_LAYOUT)
-    recs, _ = sentinel_records(data)
-    pairs = sentinel_examples(data)
+    recs, _ = sentinel_records(data, seed=seed)
+    pairs = sentinel_examples(data, seed=seed)
     texts = question_texts(recs)
-    order = split_order(len(feats))
-    n_val = int(len(order) * 0.15)
+    if len(feats) != len(recs) or any(len(q.y) != len(t.sents) for q, t in zip(feats, texts)):
+        raise SystemExit(f"{features_cache} does not hold the features of these {len(recs)} training records "
+                         "(other data or another sentence splitter): delete it and rerun `ragpress train sentinel "
+                         "--features-cache` to rebuild it")
+    order = split_order(len(feats), seed)
+    n_val = max(1, int(len(order) * 0.15))  # as train_sentinel's default val_fraction
+    if n_val != cfg["training"]["n_val_questions"]:
+        raise SystemExit(f"the artifact held out {cfg['training']['n_val_questions']} validation questions, this "
+                         f"split {n_val}: it was trained on other records")
     tr = order[n_val:]
     qs, ts, exs = [feats[i] for i in tr], [texts[i] for i in tr], [pairs[i] for i in tr]
     layout = FeatureLayout.from_manifest(cfg["features"])
@@ -84,12 +92,13 @@ def evidence_table(qs, ts, scores, thresholds) -> None:
             print(f"| {'fill' if th is None else th} | {'yes' if links else 'no'} | " + " | ".join(cells) + " |")
 
 
-def answer_f1(exs, scores, decoder: str, sources: list[str], min_score: float, out: Path | None) -> None:
+def answer_f1(exs, scores, decoder: str, sources: list[str], min_score: float, artifact: Path,
+              out: Path | None) -> None:
     from adapters.backends import GenerationParams, HFBackend
     from adapters.evaluate import evaluate
 
     backend = HFBackend.load(decoder)
-    comp = get_compressor("sentinel", counter=TokenCounter.from_tokenizer(backend.tokenizer))
+    comp = get_compressor("sentinel", counter=TokenCounter.from_tokenizer(backend.tokenizer), artifact=str(artifact))
     by_q = {e.question: s for (_, e), s in zip(exs, scores)}
 
     def cross_fitted(query, passages, sentences):
@@ -136,7 +145,7 @@ def main() -> int:
     qs, ts, exs, scores = out_of_fold_scores(args.features_cache, args.data, args.artifact)
     evidence_table(qs, ts, scores, json.loads(args.thresholds))
     if args.decoder:
-        answer_f1(exs, scores, args.decoder, args.sources.split(","), args.min_score, args.out)
+        answer_f1(exs, scores, args.decoder, args.sources.split(","), args.min_score, args.artifact, args.out)
     return 0
 
 

@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="compress only: evidence recall, ratio and compression time, no answers (the decoder's "
                          "tokenizer still counts the budget)")
     ev.add_argument("--fill-budget", action="store_true",
-                    help="sentence filters: ignore the method's min_score and fill the budget (rank quality alone)")
+                    help="sentence filters: ignore the method's min_score and fill the budget (the ranking, plus the "
+                         "method's link completion when it has it on)")
     ev.add_argument("--retrieve", type=int, default=0, metavar="K",
                     help="nq: top-K passages retrieved (MiniLM, index cached under $RAGPRESS_HOME/indexes) from all "
                          "passages of the file, instead of the gold passage")
@@ -389,7 +390,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                                  "on the validation questions, by examples/choose_min_score.py")
     if args.complete_links:
         training["complete_links"] = ("on: paired answer F1 on the HotpotQA training questions scored out of fold, "
-                                      "by runs/exp/links_f1.py (see the README)")
+                                      "by examples/link_completion.py (see the README)")
     scores = {**report["chosen"], "rerank": report["rerank"], "layout_ablation": report["layout_ablation"],
               "grid": report["grid"]}
     path = comp.save_pretrained(args.out, training=training, scores=scores)

@@ -105,6 +105,8 @@ def test_select_within_budget_completes_links():
     # passage 1 already kept (its sentence outranks the linking one): no second sentence of it
     assert select_within_budget([0.5, 0.1, 0.9, -0.5, 0.3], [5] * 5, 100, threshold=0.4, owner=owner,
                                 links=links) == [0, 2]
+    # a link from a sentence that did not fit is not followed
+    assert select_within_budget(scores, [50, 5, 5, 5, 5], 12, owner=owner, links=links) == [1, 4]
     # a link from a sentence below the threshold is not followed
     assert select_within_budget([0.1, 0.1, 0.9, -0.5, 0.3], [5] * 5, 100, threshold=0.4, owner=owner,
                                 links=[[], [], [], [], [0]]) == [2]
@@ -147,5 +149,11 @@ def test_complete_links_in_a_compressor(counter):
     assert [p.index for p in linked.passages] == [0, 1]
     assert linked.passages[1].text == "The population was 2,638 at the 2010 census."  # its best sentence only
     assert linked.tokens_out <= Budget(ratio=1.05).max_tokens(linked.tokens_in)
-    tight = get_compressor("bm25", counter=counter, complete_links=True).compress(q, passages, Budget(target_tokens=3))
-    assert tight.tokens_out <= 3
+    # room for the first hop and the linked passage's shorter sentence, not its best one: the shorter one is kept
+    first, short = "His district comprises the town of New Durham.", "It is a rural place."
+    best = "The population was 2,638 at the 2010 census."
+    room = counter.count(first) + counter.count(short) + 2
+    assert room < counter.count(first) + counter.count(best) + 2
+    tight = get_compressor("bm25", counter=counter, min_score=1e9, complete_links=True).compress(
+        q, passages, Budget(target_tokens=room))
+    assert [p.text for p in tight.passages] == [first, short] and tight.tokens_out <= room

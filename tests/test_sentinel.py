@@ -220,6 +220,24 @@ def test_budget_order_and_spans(counter, tiny_probe, budget, options):
         assert len(cp.scores) == len(cp.sentence_ids)
 
 
+def test_complete_links_keeps_the_named_passages(counter, tiny_probe):
+    """With ``complete_links`` and a cut that keeps only the best sentence, the passages that sentence names come
+    with it (every sentence here names another passage)."""
+    from compressor.filters import passage_links
+
+    passages = [Passage(title="Sam Cataldo", text="He lives near Rinconada. His district holds New Durham."),
+                Passage(title="New Durham", text="It is a town near Rinconada. Sam Cataldo represents it."),
+                Passage(title="Rinconada", text="It is near New Durham, population 2,489. Sam Cataldo visited it.")]
+    comp = _trained(counter, tiny_probe, complete_links=True, min_score=1e9)
+    q = "What is the population of the town Sam Cataldo represents?"
+    sents = comp.sentences(passages)
+    best = int(np.argmax(comp.score_sentences(q, passages, sents)))
+    ctx = comp.compress(q, passages, Budget(ratio=1.01))
+    named = passage_links(passages, sents)[best]
+    assert named and {p.index for p in ctx.passages} == {sents[best].passage, *named}
+    assert ctx.tokens_out <= Budget(ratio=1.01).max_tokens(ctx.tokens_in)
+
+
 def test_artifact_round_trip_and_mismatch(counter, tiny_probe, tmp_path, smol_tokenizer):
     comp = _trained(counter, tiny_probe)
     path = comp.save_pretrained(tmp_path / "art", training={"data": "unit test"}, scores={"val_auc": 0.5})

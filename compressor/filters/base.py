@@ -50,10 +50,13 @@ def select_within_budget(scores: np.ndarray, costs: list[int], max_tokens: int |
     sentences that fit are kept whatever their score. Ties keep the earlier one.
 
     ``links[i]`` (with ``owner[i]``, the passage of sentence i): the passages sentence i names. Right after
-    sentence i is kept, each named passage with nothing kept yet gets its best sentence that fits, whatever
-    its score (see ``SentenceFilterConfig.complete_links``)."""
+    sentence i is kept in rank order, each named passage with nothing kept yet gets its best sentence that fits,
+    whatever its score (see ``SentenceFilterConfig.complete_links``). Completion is one hop: the links of a
+    sentence kept by completion are not followed, even when its own rank comes up later, so one strong sentence
+    cannot pull in a chain of passages."""
     n = len(scores)
-    if len(costs) != n or (links is not None and (owner is None or len(owner) != n or len(links) != n)):
+    if len(costs) != n or (owner is not None and len(owner) != n) or \
+            (links is not None and (owner is None or len(links) != n)):
         raise InputError(f"select_within_budget: {n} scores, {len(costs)} costs, owner "
                          f"{None if owner is None else len(owner)}, links {None if links is None else len(links)}; "
                          "give one of each per sentence (owner is required with links)")
@@ -173,7 +176,9 @@ class SentenceFilter(Compressor):
             ))
         if max_tokens is not None and keep:
             total = sum(p.tokens_out for p in out)
-            if total > max_tokens:  # tokenizer merges across the joining space: drop the weakest until it fits
+            # Tokenizer merges across the joining space: drop the weakest until it fits (a sentence kept by link
+            # completion is usually the weakest, and is not replaced by a shorter one of its passage).
+            if total > max_tokens:
                 weakest = min(keep, key=lambda i: (float(scores[i]), -i))
                 return self._assemble(passages, sents, [i for i in keep if i != weakest], scores, max_tokens)
         return out
