@@ -157,7 +157,8 @@ def _build(m: str, counter: TokenCounter, cache_dir: Path, decoder: str) -> Any:
     return get_compressor(spec.name, counter=counter, **options)
 
 
-def _bootstrap(diffs: list[float], seed: int = 0, n: int = 2000) -> tuple[float, float]:
+def bootstrap_interval(diffs: list[float], seed: int = 0, n: int = 2000) -> tuple[float, float]:
+    """95% bootstrap interval of the mean of paired differences."""
     rng = random.Random(seed)
     k = len(diffs)
     means = sorted(statistics.fmean(rng.choices(diffs, k=k)) for _ in range(n))
@@ -191,7 +192,7 @@ def summarize_bench(samples_path: Path, cfg: BenchConfig) -> list[dict[str, Any]
         }
         if paired and m != "none":
             diffs = [a - b for a, b in paired]
-            lo, hi = _bootstrap(diffs, cfg.seed)
+            lo, hi = bootstrap_interval(diffs, cfg.seed)
             nb = statistics.fmean(b for _, b in paired)
             row.update(d_f1_vs_none=statistics.fmean(diffs), d_f1_ci95=[lo, hi],
                        f1_share_of_none=(statistics.fmean(a for a, _ in paired) / nb) if nb else None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -91,8 +92,9 @@ def _is_word(c: str) -> bool:
     return c.isalnum() or c == "_"  # what re's \w matches in a str pattern
 
 
-def title_mentions(titles: list[str | None], texts: list[str]) -> np.ndarray:
-    """``[len(texts), len(titles)]`` bool: does text i name title b, as :func:`title_pattern` matches it.
+def title_mentions(titles: list[str | None], texts: list[str], owner: Sequence[int] | None = None) -> np.ndarray:
+    """``[len(texts), len(titles)]`` bool: does text i name title b, as :func:`title_pattern` matches it. With
+    ``owner`` (the passage each text belongs to) a text never names its own passage: ``[i, owner[i]]`` is False.
 
     A case-folded substring search with the word-boundary check done by hand, over the joined texts (a NUL
     between them, which \\w does not match): a regex with a look-behind tried at every position of the
@@ -122,4 +124,6 @@ def title_mentions(titles: list[str | None], texts: list[str]) -> np.ndarray:
             hits = [m.start() for m in title_pattern(title).finditer(joined)]  # type: ignore[union-attr]
         if hits:
             out[np.searchsorted(starts, hits, side="right") - 1, b] = True
+    if owner is not None:
+        out[np.arange(len(texts)), np.asarray(owner, dtype=np.int64)] = False
     return out

@@ -26,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from adapters.bench import bootstrap_interval  # noqa: E402
 from adapters.training_data import sentinel_examples, sentinel_records  # noqa: E402
 from compressor import Budget, TokenCounter, get_compressor  # noqa: E402
 from compressor.filters.base import Sentence, passage_links, select_within_budget  # noqa: E402
@@ -124,9 +125,7 @@ def answer_f1(exs, scores, decoder: str, sources: list[str], min_score: float, a
                     fh.write(json.dumps({"decoder": decoder, "links": links, "min_score": min_score, "id": e.id,
                                          "f1": r["f1"], "evidence_recall": r["evidence_recall"]}) + "\n")
     d = f1[True] - f1[False]
-    rng = np.random.default_rng(0)
-    boot = [rng.choice(d, len(d)).mean() for _ in range(5000)]
-    lo, hi = np.percentile(boot, [2.5, 97.5])
+    lo, hi = bootstrap_interval(d.tolist())
     print(f"paired difference (links - none): {d.mean():+.4f} [{lo:+.4f}, {hi:+.4f}]; better on {(d > 0).sum()}, "
           f"worse on {(d < 0).sum()} of {len(d)}")
 

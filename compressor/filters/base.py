@@ -86,7 +86,9 @@ def select_within_budget(scores: np.ndarray, costs: list[int], max_tokens: int |
             continue  # a shorter, lower-ranked sentence may still fit
         for b in (links[i] if links is not None else ()):
             if b not in passages_kept:
-                next((j for j in by_passage.get(b, ()) if take(j)), None)
+                for j in by_passage.get(b, ()):  # best first: the first that fits
+                    if take(j):
+                        break
     return sorted(kept)
 
 

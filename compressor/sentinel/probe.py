@@ -120,17 +120,15 @@ def _content_words(text: str) -> set[str]:
 
 def link_features(passages: list[Passage], owner: list[int], sents: list[str], bm25_z: np.ndarray) -> dict[str, np.ndarray]:
     """The :data:`LINK_EXTRAS` of each sentence (``owner``: its passage index; ``sents``: its text)."""
-    P, n = len(passages), len(owner)
+    P = len(passages)
     rel = np.full(P, NO_LINK)
     for i, pi in enumerate(owner):
         rel[pi] = max(rel[pi], bm25_z[i])
     titles = [p.title for p in passages]
     own = np.asarray(owner, dtype=np.int64)
-    names = title_mentions(titles, [p.text for p in passages])  # names[a, b]: passage a's text names b's title
-    np.fill_diagonal(names, False)
+    names = title_mentions(titles, [p.text for p in passages], range(P))  # passage a's text names b's title
     link_in = np.where(names, rel[:, None], -np.inf).max(0, initial=-np.inf)
-    said = title_mentions(titles, sents)  # said[i, b]: sentence i names passage b's title
-    said[np.arange(n), own] = False
+    said = title_mentions(titles, sents, own)  # said[i, b]: sentence i names passage b's title
     out = np.maximum(np.where(said, rel[None, :], -np.inf).max(1, initial=-np.inf), NO_LINK)
     return {"passage_bm25": rel[own], "link_in": np.maximum(link_in, NO_LINK)[own], "link_out": out,
             "log1p_mentions": np.log1p(names.sum(0))[own].astype(np.float64)}

@@ -64,8 +64,7 @@ def rerank_features(query: str, passages: list[Passage], owner: list[int], sents
     own = np.asarray(owner, dtype=np.int64)
     P = len(passages)
     z = zscore(s)
-    names = title_mentions([p.title for p in passages], sents)  # sentence j names passage b
-    names[np.arange(n), own] = False  # a passage's own sentences do not link to it
+    names = title_mentions([p.title for p in passages], sents, own)  # sentence j names another passage b
     hop_in = np.maximum(np.where(names, z[:, None], -np.inf).max(0, initial=-np.inf), NO_HOP)[own]
     top = np.argsort(-s, kind="stable")[:top_k]
     hop_top = names[top].any(0)[own].astype(np.float64)
