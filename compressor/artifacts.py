@@ -22,6 +22,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ WEIGHTS_NAME = "model.safetensors"
 _PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".npy", ".npz"}
 _SAFE_SUFFIXES = {".safetensors"}  # parsed by safetensors, which has no code path to pickle
 _RENAME_EXCHANGE = 2  # linux/fs.h
+_REREAD_SECONDS = 2.0  # how long read_artifact retries a folder that writers keep replacing
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -144,9 +146,12 @@ def read_artifact(directory: str | Path, expected_type: str, format_version: int
 
     Every file is read through one open handle on the folder, so the config and the weights come from the
     same write even while :func:`atomic_folder` swaps a new one in; a read that such a swap cut short (the
-    old folder removed under it) is tried again on the new one."""
+    old folder removed under it) is tried again on the new one, for up to ``_REREAD_SECONDS`` (a tight loop of
+    writers on a loaded machine can replace it several times in a row)."""
     directory = Path(directory)
-    for _ in range(5):
+    deadline, tries = time.monotonic() + _REREAD_SECONDS, 0
+    while tries < 5 or time.monotonic() < deadline:
+        tries += 1
         try:
             fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         except FileNotFoundError:
@@ -164,8 +169,8 @@ def read_artifact(directory: str | Path, expected_type: str, format_version: int
                 raise
         finally:
             os.close(fd)
-    raise ArtifactError(f"artifact {directory} kept being replaced while it was read (5 tries); is a writer "
-                        "looping?")
+    raise ArtifactError(f"artifact {directory} kept being replaced while it was read ({tries} tries in "
+                        f"{_REREAD_SECONDS:g} s); is a writer looping?")
 
 
 def _read_file(dir_fd: int, name: str) -> bytes:

@@ -220,3 +220,44 @@ def test_concurrent_writer_threads(tmp_path, monkeypatch, exchange):
     assert errors == []
     consistent(d)
     assert sorted(x.name for x in tmp_path.iterdir()) == ["cache"]
+
+
+def test_reader_retries_a_replaced_folder_then_says_why(tmp_path, monkeypatch):
+    """A read cut short by a swap is retried on the new folder; a folder replaced on every try (a looping writer)
+    ends in an error that says so, after the retry window, not after a fixed small count of tries."""
+    d = write(tmp_path / "a", gen=1)
+    real_read, calls = A._read_at, []
+
+    def swapped_once(fd, *args):
+        calls.append(fd)
+        if len(calls) == 1:
+            write(d, gen=2)  # the folder the reader holds is replaced under it
+            raise ArtifactError("cut short")
+        return real_read(fd, *args)
+
+    monkeypatch.setattr(A, "_read_at", swapped_once)
+    cfg, _ = read_artifact(d, "t", 1, KEYS)
+    assert cfg["gen"] == 2 and len(calls) == 2
+
+    def always_swapped(fd, *args):
+        calls.append(fd)
+        write(d, gen=3 + len(calls))
+        raise ArtifactError("cut short")
+
+    monkeypatch.setattr(A, "_read_at", always_swapped)
+    monkeypatch.setattr(A, "_REREAD_SECONDS", 0.2)
+    calls.clear()
+    t0 = time.monotonic()
+    with pytest.raises(ArtifactError, match=r"kept being replaced while it was read \(\d+ tries in 0.2 s\)"):
+        read_artifact(d, "t", 1, KEYS)
+    assert time.monotonic() - t0 >= 0.2 and len(calls) > 5
+
+
+def test_reader_does_not_retry_a_damaged_folder(tmp_path):
+    """Damage in a folder nobody replaces is reported at once, not retried for the whole window."""
+    d = write(tmp_path / "a", gen=1)
+    (d / A.WEIGHTS_NAME).write_bytes(b"garbage")
+    t0 = time.monotonic()
+    with pytest.raises(ArtifactError, match="is corrupt"):
+        read_artifact(d, "t", 1, KEYS)
+    assert time.monotonic() - t0 < A._REREAD_SECONDS / 2
