@@ -39,13 +39,14 @@ def main() -> int:
         print(f"  [{cp.title}] {cp.text}")
 
     # 2. Wrap an existing chat generate function.
-    from transformers import pipeline
+    from transformers import GenerationConfig, pipeline
 
     chat = pipeline("text-generation", model=full.backend.model, tokenizer=full.backend.tokenizer)
     generate = compress_messages(chat, pipe.compressor, Budget(ratio=5))
+    greedy = GenerationConfig(max_new_tokens=24, do_sample=False)  # one config object, not loose arguments
     out = generate([{"role": "system", "content": "Answer with a few words."},
                     {"role": "user", "content": example.question}],
-                   documents=example.passages, max_new_tokens=24, do_sample=False)
+                   documents=example.passages, generation_config=greedy, clean_up_tokenization_spaces=False)
     print(f"\nwrapped transformers pipeline answer: {out[0]['generated_text'][-1]['content']!r} "
           f"(context {generate.last_context.tokens_in} -> {generate.last_context.tokens_out} tokens)")
     return 0
