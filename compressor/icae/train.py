@@ -117,7 +117,7 @@ def train_icae(
             logits = target_logits(enc.lm, seqs, ph, rows_t)
         labels = torch.tensor([t for s in seqs for t in s.ids[s.n_prompt:]])
         nll = torch.nn.functional.cross_entropy(logits, labels)
-        return nll, {"tasks": "".join("a" if t == "ae" else "l" for t, _, _ in examples), "nll": round(float(nll), 5),
+        return nll, {"tasks": "".join("a" if t == "ae" else "l" for t, _, _ in examples), "nll": round(nll.item(), 5),
                      "segment_cap": cap, "target_tokens": int(labels.numel()),
                      "slot_norm": round(float(rows_t.detach().norm(dim=-1).mean()), 4)}
 
@@ -138,7 +138,7 @@ def train_icae(
                 T = train.kl_temperature
                 kl = torch.nn.functional.kl_div(torch.log_softmax(logits / T, -1), torch.log_softmax(t_logits / T, -1),
                                                 log_target=True, reduction="batchmean") * T * T
-        return nll + train.kl_weight * kl, {"nll": round(float(nll), 5), "kl": round(float(kl), 5),
+        return nll + train.kl_weight * kl, {"nll": round(nll.item(), 5), "kl": round(kl.item(), 5),
                                             "target_tokens": int(labels.numel()),
                                             "slot_norm": round(float(rows.detach().norm(dim=-1).mean()), 4)}
 

@@ -163,7 +163,7 @@ def train_xrag(
             kl = torch.nn.functional.kl_div(torch.log_softmax(logits / T, -1), torch.log_softmax(t_logits / T, -1),
                                             log_target=True, reduction="batchmean") * T * T
         loss = nll + (train.kl_weight * kl if teach is not None else 0.0)
-        return loss, {"nll": round(float(nll), 5), "kl": round(float(kl), 5),
+        return loss, {"nll": round(nll.item(), 5), "kl": round(kl.item(), 5),
                       "seq_len": max(len(s.ids) for s in seqs), "target_tokens": int(labels.numel())}
 
     bridge.train()
