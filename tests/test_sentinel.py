@@ -175,6 +175,54 @@ def test_capture_is_linear_in_length(tiny_probe):
     assert all(tuple(r.shape) == (4, f.prompt_tokens) for rows in seen[0].rows.values() for r in rows)
 
 
+LONG = [Passage(title=f"Town {k}", text=" ".join(f"Town {k} fact {j} is about the river and the old mill."
+                                                  for j in range(4))) for k in range(6)]
+LONG.insert(3, Passage(title="Big", text=" ".join(f"Big sentence {j} tells of the harbour." for j in range(30))))
+
+
+def test_long_context_is_read_in_windows(tiny_probe, monkeypatch):
+    """Over max_context_tokens the proxy reads consecutive windows of whole passages (a passage too long to fit
+    alone, in runs of its sentences), each prompt within the limit; every sentence gets one row, in order, and
+    the scalars are the whole context's."""
+    q = "Which town has the old mill?"
+    spans = _spans(LONG)
+    whole = tiny_probe.features(q, LONG, spans)
+    assert tiny_probe.windows(q, LONG, spans) == [[(i, 0, len(sp)) for i, sp in enumerate(spans)]]
+    limit = 200
+    assert whole.prompt_tokens > 3 * limit
+    monkeypatch.setattr(tiny_probe, "max_context_tokens", limit)
+    wins = tiny_probe.windows(q, LONG, spans)
+    assert len(wins) > 3
+    pieces = [piece for w in wins for piece in w]
+    flat = [(i, j) for i, a, b in pieces for j in range(a, b)]
+    assert flat == [(i, j) for i, sp in enumerate(spans) for j in range(len(sp))]  # each sentence once, in order
+    assert len([p for p in pieces if p[0] == 3]) > 1  # the long passage is split into sentence runs
+    assert all(b - a == len(spans[i]) for i, a, b in pieces if i != 3)  # the others stay whole
+    assert any(len(w) > 1 for w in wins)  # and are packed several to a window
+    for w in wins:
+        text = tiny_probe._prompt(q, [LONG[i] for i, _, _ in w], [spans[i][a:b] for i, a, b in w])[0]
+        assert tiny_probe._n_tokens(text) <= limit
+    got = tiny_probe.features(q, LONG, spans)
+    assert got.x.shape == whole.x.shape and np.isfinite(got.x).all()
+    assert got.prompt_tokens > whole.prompt_tokens  # the question is read once per window
+    width = len(DEFAULT_LAYOUT.extra)
+    np.testing.assert_allclose(got.x[:, -width:], whole.x[:, -width:], rtol=1e-5, atol=1e-5)
+    # the attention of a window is z-scored within it: a one-window read of those passages gives the same rows
+    i, a, b = wins[0][0]
+    assert (a, b) == (0, len(spans[i]))
+    first = [LONG[i] for i, _, _ in wins[0]]
+    alone = tiny_probe.features(q, first, _spans(first))
+    att = len(DEFAULT_LAYOUT.pooling) * 2 * 4
+    np.testing.assert_allclose(got.x[: len(alone.x), :att], alone.x[:, :att], rtol=1e-4, atol=1e-4)
+
+
+def test_sentence_too_long_for_a_window_is_refused(tiny_probe, monkeypatch):
+    monkeypatch.setattr(tiny_probe, "max_context_tokens", 40)
+    ps = [Passage(title="Huge", text="word " * 80 + "end.")]
+    with pytest.raises(InputError, match="1 sentence\\(s\\) of passage 'Huge'.*max_context_tokens=40"):
+        tiny_probe.features("q?", ps, _spans(ps))
+
+
 def test_works_on_gemma3_architecture(smol_tokenizer, tmp_path):
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
@@ -434,6 +482,15 @@ def test_shipped_probe_on_real_hotpotqa(counter):
     e = exs[0]
     assert tight.compress(e.question, e.passages, Budget(ratio=3)).tokens_out <= \
         comp.compress(e.question, e.passages, Budget(ratio=3)).tokens_out
+    # a proxy limit below the context's length: read in windows, the ranking nearly unchanged (on the 100 held-out
+    # questions, recall@20% 0.883 in one pass, 0.881 in 2.6 windows a question, 0.876 in 4.3)
+    windowed = get_compressor("sentinel", counter=counter, min_score=None, max_context_tokens=600)
+    win = []
+    for e in exs:
+        ctx = windowed.compress(e.question, e.passages, Budget(ratio=3))
+        assert ctx.tokens_out <= Budget(ratio=3).max_tokens(ctx.tokens_in)
+        win.append(evidence_recall(ctx, e.passages))
+    assert np.mean(win) > np.mean(recalls) - 0.1
 
 
 def test_train_sentinel_forced_depth_and_feature_cache(counter, tiny_model_dir, tmp_path):

@@ -28,7 +28,9 @@ class SentinelConfig(SentenceFilterConfig):
     proxy: str = Field(default="smollm2-135m-instruct", description="Proxy causal LM: named model or HF folder.")
     layers: int | None = Field(default=None, ge=1, le=256, description="Early exit: proxy layers to run.")
     query_positions: int = Field(default=4, ge=1, le=64, description="Final prompt positions whose attention is read.")
-    max_context_tokens: int = Field(default=8192, ge=16, description="Longest proxy prompt accepted.")
+    max_context_tokens: int = Field(default=8192, ge=16, description="Longest proxy prompt read in one pass; a "
+                                    "longer context is read in windows of whole passages, each with the question "
+                                    "and at most this long.")
     dtype: str = Field(default="bfloat16", pattern="^(bfloat16|float32|float16)$",
                        description="Dtype of the proxy and of the embedder.")
     embedder: str = Field(default="minilm-l6", description="Sentence embedder of the embed_cos / embed_z features "

@@ -258,23 +258,73 @@ class AttentionProbe:
 
         return text, [sh(r) for r in ranges], sh(qrange), [sh(r) for r in pranges]
 
-    def features(self, query: str, passages: list[Passage], spans: list[list[tuple[int, int]]],
-                 layers: int | None = None, layout: FeatureLayout = DEFAULT_LAYOUT) -> ProbeFeatures:
-        """Features of every sentence in ``spans`` (per passage, ``[start, end)`` in the passage text), in
-        order, as ``layout`` names them. ``layers``: early exit after that many layers (None: all).
+    def _n_tokens(self, text: str) -> int:
+        """Proxy tokens of a prompt text, as the attention pass counts them (BOS added without a chat template)."""
+        n = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        plain_bos = not getattr(self.tokenizer, "chat_template", None) and \
+            getattr(self.tokenizer, "bos_token_id", None) is not None
+        return n + int(plain_bos)
 
-        Two groups of query positions are read: the question's tokens and the final ``query_positions``
-        prompt positions. Per group and (layer, head): the mean attention over the sentence's tokens (or over
-        its whole passage, title included), as a per-question z-score of its log: attention is relative, what
-        matters is how a sentence compares with the others of the same context. Scalars: log token count,
-        relative position, first-in-passage flag and log index within the passage, the share of the
-        question's content words found in the sentence and in the passage title, the z-scored BM25
-        score of the title-prefixed sentence among the context's sentences, the cosine similarity of its
-        embedding (``self.embedder``) to the question's, raw and z-scored, and the passage-link scalars
-        (:func:`link_features`)."""
-        from ..filters.bm25 import bm25_scores
+    def windows(self, query: str, passages: list[Passage],
+                spans: list[list[tuple[int, int]]]) -> list[list[tuple[int, int, int]]]:
+        """What the proxy reads in each pass, as ``(passage, first sentence, end sentence)`` pieces: the whole
+        context in one window when its prompt fits ``max_context_tokens``. Otherwise consecutive pieces are
+        packed into windows, each grown while its prompt (instruction, question, the pieces' title lines and
+        sentences, two tokens of margin per piece for merges at the joins) stays within the limit. A piece is a
+        whole passage, or, for a passage too long to fit with the question alone, a run of its sentences under
+        its title line. Each window's prompt is then counted exactly, and one that came out too long is split.
+        Passages without sentences are left out (they have no rows). A single sentence too long to fit is
+        refused when its window is read."""
+        if self._n_tokens(self._prompt(query, passages, spans)[0]) <= self.max_context_tokens:
+            return [[(i, 0, len(sp)) for i, sp in enumerate(spans)]]
+        fixed = self._n_tokens(self._prompt(query, [], [])[0])
+        budget = self.max_context_tokens - fixed
+        room = budget - 2  # one piece alone, with its margin
+        pieces: list[tuple[int, int, int, int]] = []  # passage, first, end, tokens
+        for i, (p, sp) in enumerate(zip(passages, spans)):
+            if not sp:
+                continue
+            cost = self._n_tokens(self._prompt(query, [p], [sp])[0]) - fixed
+            if cost <= room:
+                pieces.append((i, 0, len(sp), cost))
+                continue
+            head = self._n_tokens(f"{p.title}: ") if p.title else 0
+            sizes = [len(ids) + 1 for ids in self.tokenizer([p.text[a:b] for a, b in sp],
+                                                            add_special_tokens=False)["input_ids"]]
+            first, used = 0, head
+            for j, n in enumerate(sizes):
+                if j > first and used + n > room:
+                    pieces.append((i, first, j, used))
+                    first, used = j, head
+                used += n
+            pieces.append((i, first, len(sp), used))
+        groups: list[list[tuple[int, int, int]]] = []
+        cur: list[tuple[int, int, int]] = []
+        used = 0
+        for i, first, end, cost in pieces:
+            if cur and used + cost + 2 > budget:
+                groups.append(cur)
+                cur, used = [], 0
+            cur.append((i, first, end))
+            used += cost + 2
+        groups += [cur] if cur else []
 
-        layers = self.n_layers if layers is None else min(layers, self.n_layers)
+        def settle(w: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]:
+            """The packing above estimates; an exact count splits a window that came out too long."""
+            text = self._prompt(query, [passages[i] for i, _, _ in w], [spans[i][a:b] for i, a, b in w])[0]
+            if self._n_tokens(text) <= self.max_context_tokens:
+                return [w]
+            if len(w) > 1:
+                return settle(w[: len(w) // 2]) + settle(w[len(w) // 2:])
+            i, a, b = w[0]
+            return settle([(i, a, (a + b) // 2)]) + settle([(i, (a + b) // 2, b)]) if b - a > 1 else [w]
+
+        return [x for w in groups for x in settle(w)] or [[(i, 0, len(sp)) for i, sp in enumerate(spans)]]
+
+    def _attention_blocks(self, query: str, passages: list[Passage], spans: list[list[tuple[int, int]]],
+                          layers: int, layout: FeatureLayout) -> tuple[dict[str, np.ndarray], list[int], int]:
+        """One proxy pass over ``passages`` and the question: the layout's attention blocks (rows: the
+        sentences in order), each sentence's token count, and the prompt's length."""
         text, ranges, qrange, pranges = self._prompt(query, passages, spans)
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
@@ -283,8 +333,11 @@ class AttentionProbe:
             ids, offsets = [bos] + ids, [(0, 0)] + offsets
         L = len(ids)
         if L > self.max_context_tokens:
-            raise InputError(f"the proxy prompt has {L} tokens, over max_context_tokens={self.max_context_tokens}; "
-                             "raise it (up to the proxy's context length) or pass fewer passages")
+            what = f"{len(ranges)} sentence(s) of passage {passages[0].title!r}" if len(passages) == 1 \
+                else f"{len(passages)} passages"
+            raise InputError(f"the proxy prompt of {what} with the question has {L} tokens, over "
+                             f"max_context_tokens={self.max_context_tokens}, and a sentence is never cut: raise "
+                             "max_context_tokens (up to the proxy's context length)")
         starts = np.array([a for a, _ in offsets])
         ends = np.array([b for _, b in offsets])
 
@@ -292,7 +345,7 @@ class AttentionProbe:
             idx = np.nonzero((ends > a) & (starts < b))[0]
             return (int(idx[0]), int(idx[-1]) + 1) if len(idx) else (0, 0)
 
-        owner = [pi for pi, sp in enumerate(spans) for _ in sp]  # passage of each sentence
+        owner = [pi for pi, sp in enumerate(spans) for _ in sp]
         n_pass = [pi for pi, r in enumerate(pranges) if r is not None]
         n = len(ranges)
         tok_ranges = [tok_range(a, b) for a, b in ranges]
@@ -328,9 +381,39 @@ class AttentionProbe:
                 zp = zlogmean(A, [tok_range(*pranges[pi]) for pi in n_pass])
                 row = {pi: j for j, pi in enumerate(n_pass)}
                 blocks[f"passage_{group}:zlogmean"] = zp[[row[pi] for pi in owner]] if n else np.zeros((0, LH))
+        return blocks, [b - a for a, b in tok_ranges], L
+
+    def features(self, query: str, passages: list[Passage], spans: list[list[tuple[int, int]]],
+                 layers: int | None = None, layout: FeatureLayout = DEFAULT_LAYOUT) -> ProbeFeatures:
+        """Features of every sentence in ``spans`` (per passage, ``[start, end)`` in the passage text), in
+        order, as ``layout`` names them. ``layers``: early exit after that many layers (None: all).
+
+        Two groups of query positions are read: the question's tokens and the final ``query_positions``
+        prompt positions. Per group and (layer, head): the mean attention over the sentence's tokens (or over
+        its whole passage, title included), as a per-question z-score of its log: attention is relative, what
+        matters is how a sentence compares with the others of the same context. Scalars: log token count,
+        relative position, first-in-passage flag and log index within the passage, the share of the
+        question's content words found in the sentence and in the passage title, the z-scored BM25
+        score of the title-prefixed sentence among the context's sentences, the cosine similarity of its
+        embedding (``self.embedder``) to the question's, raw and z-scored, and the passage-link scalars
+        (:func:`link_features`).
+
+        A context whose prompt is longer than ``max_context_tokens`` is read in windows (:meth:`windows`):
+        consecutive whole passages, each window with the question, its attention z-scored within the window.
+        The scalars are computed over the whole context either way."""
+        from ..filters.bm25 import bm25_scores
+
+        layers = self.n_layers if layers is None else min(layers, self.n_layers)
+        parts = [self._attention_blocks(query, [passages[i] for i, _, _ in w], [spans[i][a:b] for i, a, b in w],
+                                        layers, layout) for w in self.windows(query, passages, spans)]
+        blocks = {k: np.concatenate([b[k] for b, _, _ in parts]) for k in parts[0][0]}
+        n_tokens = [t for _, ts, _ in parts for t in ts]
+        L = sum(n for _, _, n in parts)
+        owner = [pi for pi, sp in enumerate(spans) for _ in sp]  # passage of each sentence
+        n = len(owner)
         qwords = _content_words(query)
         extras = {
-            "log1p_tokens": [math.log1p(b - a) for a, b in tok_ranges],
+            "log1p_tokens": [math.log1p(t) for t in n_tokens],
             "relative_position": [i / max(n - 1, 1) for i in range(n)],
             "first_in_passage": [float(j == 0) for sp in spans for j in range(len(sp))],
             "log1p_index_in_passage": [math.log1p(j) for sp in spans for j in range(len(sp))],
