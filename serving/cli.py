@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--retrieve", type=int, default=0, metavar="K",
                     help="nq: top-K passages retrieved (MiniLM, index cached under $RAGPRESS_HOME/indexes) from all "
                          "passages of the file, instead of the gold passage")
+    ev.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config option of a registered method, repeatable; VALUE is read as JSON when it parses "
+                         "(--option max_context_tokens=800 --option complete_links=false), else as a string")
 
     md = sub.add_parser("models", help="list or provision the named default models")
     md.add_argument("action", choices=["list", "provision"], nargs="?", default="list")
@@ -179,6 +182,14 @@ def _method_options(args: argparse.Namespace, decoder: str) -> dict[str, Any]:
     opts: dict[str, Any] = {}
     if getattr(args, "artifact", None):
         opts["artifact"] = args.artifact
+    for item in getattr(args, "option", None) or ():
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--option {item!r}: write KEY=VALUE, e.g. --option max_context_tokens=800")
+        try:
+            opts[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            opts[key.strip()] = raw
     return opts
 
 
@@ -190,6 +201,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if args.method not in _TRAINED_SOFT:  # these may be unregistered (nothing shipped) yet load with --artifact
         get_spec(args.method)
+    elif args.option:
+        raise SystemExit(f"--option applies to methods built by name; {args.method} is configured by its --artifact")
     budget = Budget(ratio=args.ratio, target_tokens=args.target_tokens, threshold=args.threshold)
     if args.distractors and args.dataset not in ("nq", "squad"):
         raise SystemExit("--distractors applies to --dataset nq or squad")
@@ -224,7 +237,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if not comp.trained:
             print("icae: UNTRAINED encoder (control)", file=sys.stderr)
     else:
-        comp = get_compressor(args.method, counter=counter, **_method_options(args, args.decoder))
+        from pydantic import ValidationError
+
+        opts = _method_options(args, args.decoder)
+        try:
+            comp = get_compressor(args.method, counter=counter, **opts)
+        except ValidationError as e:
+            raise SystemExit(f"ragpress eval: {args.method} does not take these options: "
+                             f"{e.errors()[0]['loc']} {e.errors()[0]['msg']} (see `ragpress methods`)") from None
+        if args.option:
+            extra["options"] = {k: v for k, v in opts.items() if k != "artifact"}  # recorded in the summary
     if args.fill_budget:
         from compressor.filters import SentenceFilter
 

@@ -94,6 +94,28 @@ def test_cli_eval_compress_only_and_fill_budget(tmp_path, tiny_model_dir):
               "--decoder", str(tiny_model_dir), "--no-generate", "--fill-budget"])
 
 
+def test_cli_eval_method_options(tmp_path, tiny_model_dir):
+    """--option KEY=VALUE reaches the method's config (JSON values), is recorded in the summary, and a wrong key,
+    a malformed item or a method built from an artifact is refused with the fix."""
+    from conftest import HOTPOT
+
+    base = ["eval", "--dataset", "hotpotqa", "--path", str(HOTPOT), "--limit", "2", "--decoder", str(tiny_model_dir),
+            "--no-generate", "--ratio", "3"]
+    out = {k: tmp_path / f"{k}.json" for k in ("fill", "cut")}
+    assert main(base + ["--method", "bm25", "--out", str(out["fill"])]) == 0
+    assert main(base + ["--method", "bm25", "--option", "min_score=1e9", "--option", "title_in_score=false",
+                        "--out", str(out["cut"])]) == 0
+    fill, cut = (json.loads(out[k].read_text()) for k in ("fill", "cut"))
+    assert cut["options"] == {"min_score": 1e9, "title_in_score": False} and "options" not in fill
+    assert cut["tokens_out_mean"] < fill["tokens_out_mean"]  # only the best sentence passes a huge min_score
+    with pytest.raises(SystemExit, match=r"bm25 does not take these options: \('nope',\)"):
+        main(base + ["--method", "bm25", "--option", "nope=1"])
+    with pytest.raises(SystemExit, match="write KEY=VALUE"):
+        main(base + ["--method", "bm25", "--option", "min_score"])
+    with pytest.raises(SystemExit, match="--option applies to methods built by name"):
+        main(base + ["--method", "xrag", "--option", "min_score=1"])
+
+
 def test_cli_errors_are_one_line(capsys, tmp_path):
     assert main(["eval", "--dataset", "jsonl", "--path", str(tmp_path / "x.jsonl"), "--method", "nope"]) == 2
     err = capsys.readouterr().err
