@@ -10,6 +10,8 @@ Two parts:
    questions (95% bootstrap interval of the difference).
 
     python examples/link_completion.py --features-cache runs/sentinel-v4-feats.npz --decoder smollm2-135m-instruct
+    python examples/link_completion.py --features-cache runs/sentinel-v4-feats.npz --decoder smollm2-135m-instruct \
+        --share   # full context, oracle and sentinel: the share of the way, with its interval
 
 The features cache is the one ``ragpress train sentinel --features-cache`` writes (all 30 layers); the probe is
 refit from it with the shipped artifact's layout, depth and regularisation.
@@ -130,6 +132,42 @@ def answer_f1(exs, scores, decoder: str, sources: list[str], min_score: float, a
           f"worse on {(d < 0).sum()} of {len(d)}")
 
 
+def share_of_the_way(exs, scores, decoder: str, sources: list[str], min_score: float, artifact: Path) -> None:
+    """Full context, oracle and sentinel (these out-of-fold scores, ``min_score``, completion on) with one decoder
+    at ratio 5 on the chosen sources: sentinel's share of the way from full context to the oracle, with a 95%
+    bootstrap interval (questions resampled, the ratio recomputed)."""
+    import random
+
+    from adapters.backends import GenerationParams, HFBackend
+    from adapters.evaluate import evaluate
+
+    backend = HFBackend.load(decoder)
+    counter = TokenCounter.from_tokenizer(backend.tokenizer)
+    sent = get_compressor("sentinel", counter=counter, artifact=str(artifact), min_score=min_score,
+                          complete_links=True)
+    by_q = {e.question: s for (_, e), s in zip(exs, scores)}
+    sent.score_sentences = lambda query, passages, sentences: by_q[query]
+    chosen = [e for src, e in exs if src in sources]
+    f1 = {}
+    for name, comp in (("none", get_compressor("none", counter=counter)),
+                       ("oracle", get_compressor("oracle", counter=counter)), ("sentinel", sent)):
+        recs = evaluate(chosen, backend, comp, Budget(ratio=5), GenerationParams(max_new_tokens=32), progress=False)
+        f1[name] = np.array([r["f1"] for r in recs])
+        print(f"{decoder} {'+'.join(sources)} {name}: {len(recs)} questions, F1 {f1[name].mean():.4f}", flush=True)
+    x = np.stack([f1["none"], f1["oracle"], f1["sentinel"]], axis=1)
+
+    def share(rows: np.ndarray) -> float:
+        gap = rows[:, 1].mean() - rows[:, 0].mean()
+        return float((rows[:, 2].mean() - rows[:, 0].mean()) / gap) if gap else float("nan")
+
+    rng = random.Random(0)
+    boot = [share(x[[rng.randrange(len(x)) for _ in range(len(x))]]) for _ in range(2000)]
+    lo_s, hi_s = np.nanpercentile(boot, [2.5, 97.5])  # a resample where the oracle ties full context has no share
+    lo, hi = bootstrap_interval((f1["sentinel"] - f1["none"]).tolist())
+    print(f"share of the way to the oracle: {share(x):.1%} [{lo_s:.1%}, {hi_s:.1%}]; sentinel - full "
+          f"context {x[:, 2].mean() - x[:, 0].mean():+.4f} [{lo:+.4f}, {hi:+.4f}]")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--features-cache", type=Path, required=True)
@@ -140,10 +178,14 @@ def main() -> int:
     ap.add_argument("--min-score", type=float, default=1.5)
     ap.add_argument("--thresholds", default="[null, 1.0, 1.5, 2.0]", help="JSON list for the evidence table")
     ap.add_argument("--out", type=Path, help="append per-question F1 rows here")
+    ap.add_argument("--share", action="store_true", help="with --decoder: also run full context and the oracle and "
+                    "print sentinel's share of the way (completion on), instead of the with/without comparison")
     args = ap.parse_args()
     qs, ts, exs, scores = out_of_fold_scores(args.features_cache, args.data, args.artifact)
     evidence_table(qs, ts, scores, json.loads(args.thresholds))
-    if args.decoder:
+    if args.decoder and args.share:
+        share_of_the_way(exs, scores, args.decoder, args.sources.split(","), args.min_score, args.artifact)
+    elif args.decoder:
         answer_f1(exs, scores, args.decoder, args.sources.split(","), args.min_score, args.artifact, args.out)
     return 0
 
