@@ -95,13 +95,10 @@ def evidence_table(qs, ts, scores, thresholds) -> None:
             print(f"| {'fill' if th is None else th} | {'yes' if links else 'no'} | " + " | ".join(cells) + " |")
 
 
-def answer_f1(exs, scores, decoder: str, sources: list[str], min_score: float, artifact: Path,
-              out: Path | None) -> None:
-    from adapters.backends import GenerationParams, HFBackend
-    from adapters.evaluate import evaluate
-
-    backend = HFBackend.load(decoder)
-    comp = get_compressor("sentinel", counter=TokenCounter.from_tokenizer(backend.tokenizer), artifact=str(artifact))
+def cross_fitted_sentinel(exs, scores, counter: TokenCounter, artifact: Path, **options):
+    """The artifact's sentinel (``options`` override its config) scoring each question with its out-of-fold
+    scores instead of running the proxy."""
+    comp = get_compressor("sentinel", counter=counter, artifact=str(artifact), **options)
     by_q = {e.question: s for (_, e), s in zip(exs, scores)}
 
     def cross_fitted(query, passages, sentences):
@@ -111,6 +108,16 @@ def answer_f1(exs, scores, decoder: str, sources: list[str], min_score: float, a
         return s
 
     comp.score_sentences = cross_fitted
+    return comp
+
+
+def answer_f1(exs, scores, decoder: str, sources: list[str], min_score: float, artifact: Path,
+              out: Path | None) -> None:
+    from adapters.backends import GenerationParams, HFBackend
+    from adapters.evaluate import evaluate
+
+    backend = HFBackend.load(decoder)
+    comp = cross_fitted_sentinel(exs, scores, TokenCounter.from_tokenizer(backend.tokenizer), artifact)
     chosen = [e for src, e in exs if src in sources]
     f1 = {}
     for links in (False, True):
@@ -143,10 +150,7 @@ def share_of_the_way(exs, scores, decoder: str, sources: list[str], min_score: f
 
     backend = HFBackend.load(decoder)
     counter = TokenCounter.from_tokenizer(backend.tokenizer)
-    sent = get_compressor("sentinel", counter=counter, artifact=str(artifact), min_score=min_score,
-                          complete_links=True)
-    by_q = {e.question: s for (_, e), s in zip(exs, scores)}
-    sent.score_sentences = lambda query, passages, sentences: by_q[query]
+    sent = cross_fitted_sentinel(exs, scores, counter, artifact, min_score=min_score, complete_links=True)
     chosen = [e for src, e in exs if src in sources]
     f1 = {}
     for name, comp in (("none", get_compressor("none", counter=counter)),

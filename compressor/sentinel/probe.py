@@ -258,12 +258,23 @@ class AttentionProbe:
 
         return text, [sh(r) for r in ranges], sh(qrange), [sh(r) for r in pranges]
 
+    def _encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids and character offsets of a prompt text, BOS prepended without a chat template."""
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        if not getattr(self.tokenizer, "chat_template", None) and bos is not None:
+            ids, offsets = [bos] + ids, [(0, 0)] + offsets
+        return ids, offsets
+
     def _n_tokens(self, text: str) -> int:
-        """Proxy tokens of a prompt text, as the attention pass counts them (BOS added without a chat template)."""
-        n = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        plain_bos = not getattr(self.tokenizer, "chat_template", None) and \
-            getattr(self.tokenizer, "bos_token_id", None) is not None
-        return n + int(plain_bos)
+        return len(self._encode(text)[0])
+
+    @staticmethod
+    def _window(passages: list[Passage], spans: list[list[tuple[int, int]]],
+                window: list[tuple[int, int, int]]) -> tuple[list[Passage], list[list[tuple[int, int]]]]:
+        """The passages and sentence spans of one window's ``(passage, first, end)`` pieces."""
+        return [passages[i] for i, _, _ in window], [spans[i][a:b] for i, a, b in window]
 
     def windows(self, query: str, passages: list[Passage],
                 spans: list[list[tuple[int, int]]]) -> list[list[tuple[int, int, int]]]:
@@ -311,8 +322,7 @@ class AttentionProbe:
 
         def settle(w: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]:
             """The packing above estimates; an exact count splits a window that came out too long."""
-            text = self._prompt(query, [passages[i] for i, _, _ in w], [spans[i][a:b] for i, a, b in w])[0]
-            if self._n_tokens(text) <= self.max_context_tokens:
+            if self._n_tokens(self._prompt(query, *self._window(passages, spans, w))[0]) <= self.max_context_tokens:
                 return [w]
             if len(w) > 1:
                 return settle(w[: len(w) // 2]) + settle(w[len(w) // 2:])
@@ -326,11 +336,7 @@ class AttentionProbe:
         """One proxy pass over ``passages`` and the question: the layout's attention blocks (rows: the
         sentences in order), each sentence's token count, and the prompt's length."""
         text, ranges, qrange, pranges = self._prompt(query, passages, spans)
-        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
-        bos = getattr(self.tokenizer, "bos_token_id", None)
-        if not getattr(self.tokenizer, "chat_template", None) and bos is not None:
-            ids, offsets = [bos] + ids, [(0, 0)] + offsets
+        ids, offsets = self._encode(text)
         L = len(ids)
         if L > self.max_context_tokens:
             what = f"{len(ranges)} sentence(s) of passage {passages[0].title!r}" if len(passages) == 1 \
@@ -404,8 +410,8 @@ class AttentionProbe:
         from ..filters.bm25 import bm25_scores
 
         layers = self.n_layers if layers is None else min(layers, self.n_layers)
-        parts = [self._attention_blocks(query, [passages[i] for i, _, _ in w], [spans[i][a:b] for i, a, b in w],
-                                        layers, layout) for w in self.windows(query, passages, spans)]
+        parts = [self._attention_blocks(query, *self._window(passages, spans, w), layers, layout)
+                 for w in self.windows(query, passages, spans)]
         blocks = {k: np.concatenate([b[k] for b, _, _ in parts]) for k in parts[0][0]}
         n_tokens = [t for _, ts, _ in parts for t in ts]
         L = sum(n for _, _, n in parts)
