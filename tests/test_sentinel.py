@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -202,25 +203,85 @@ def test_long_context_is_read_in_windows(tiny_probe, monkeypatch):
     for w in wins:
         text = tiny_probe._prompt(q, [LONG[i] for i, _, _ in w], [spans[i][a:b] for i, a, b in w])[0]
         assert tiny_probe._n_tokens(text) <= limit
-    got = tiny_probe.features(q, LONG, spans)
+    with pytest.warns(RuntimeWarning, match="holds only one passage"):  # the long passage's runs, read alone
+        got = tiny_probe.features(q, LONG, spans)
     assert got.x.shape == whole.x.shape and np.isfinite(got.x).all()
     assert got.prompt_tokens > whole.prompt_tokens  # the question is read once per window
     width = len(DEFAULT_LAYOUT.extra)
     np.testing.assert_allclose(got.x[:, -width:], whole.x[:, -width:], rtol=1e-5, atol=1e-5)
-    # the attention of a window is z-scored within it: a one-window read of those passages gives the same rows
-    i, a, b = wins[0][0]
-    assert (a, b) == (0, len(spans[i]))
-    first = [LONG[i] for i, _, _ in wins[0]]
-    alone = tiny_probe.features(q, first, _spans(first))
+    # the attention of a window is z-scored within it: every window's rows are those of a one-pass read of its
+    # own pieces (whole passages, or a run of the long passage's sentences under its title)
     att = len(DEFAULT_LAYOUT.pooling) * 2 * 4
-    np.testing.assert_allclose(got.x[: len(alone.x), :att], alone.x[:, :att], rtol=1e-4, atol=1e-4)
+    row = 0
+    for w in wins:
+        ps, sp = tiny_probe._window(LONG, spans, w)
+        alone = tiny_probe.features(q, ps, sp)
+        assert len(alone.x) == sum(b - a for _, a, b in w)
+        np.testing.assert_allclose(got.x[row: row + len(alone.x), :att], alone.x[:, :att], rtol=1e-4, atol=1e-4)
+        row += len(alone.x)
+    assert row == len(got.x)
+
+
+def test_windows_packed_too_full_are_split_by_the_exact_count(tiny_probe, monkeypatch):
+    """The packing estimates; when it over-packs (here: a negative join margin), the exact count splits windows
+    of several passages and runs of one passage's sentences until each fits."""
+    q = "Which town has the old mill?"
+    spans = _spans(LONG)
+    limit = 200
+    monkeypatch.setattr(tiny_probe, "max_context_tokens", limit)
+    planned = tiny_probe.windows(q, LONG, spans)
+    tried = []
+    orig = tiny_probe._window
+    monkeypatch.setattr(tiny_probe, "_window", lambda ps, sp, w: (tried.append(list(w)), orig(ps, sp, w))[1])
+    monkeypatch.setattr(tiny_probe, "join_margin", -60)
+    wins = tiny_probe.windows(q, LONG, spans)
+    flat = [(i, j) for w in wins for i, a, b in w for j in range(a, b)]
+    assert flat == [(i, j) for i, sp in enumerate(spans) for j in range(len(sp))]
+    for w in wins:
+        assert tiny_probe._n_tokens(tiny_probe._prompt(q, *orig(LONG, spans, w))[0]) <= limit
+    rejected = [w for w in tried if w not in wins]
+    assert any(len(w) > 1 for w in rejected)  # a window of several pieces was halved
+    assert any(len(w) == 1 and w[0][0] == 3 for w in rejected)  # a run of the long passage was halved
+    assert wins != planned
 
 
 def test_sentence_too_long_for_a_window_is_refused(tiny_probe, monkeypatch):
-    monkeypatch.setattr(tiny_probe, "max_context_tokens", 40)
-    ps = [Passage(title="Huge", text="word " * 80 + "end.")]
-    with pytest.raises(InputError, match="1 sentence\\(s\\) of passage 'Huge'.*max_context_tokens=40"):
+    """Only a sentence that cannot fit with the question is refused, named by passage and index; a context of
+    short sentences at the same limit is read in windows."""
+    monkeypatch.setattr(tiny_probe, "max_context_tokens", 80)
+    short = [Passage(title="Small", text="A short one. Another short one."), Passage(title="Also", text="Fine.")]
+    short = short + [Passage(title=f"P{k}", text="Word word word. " * 3) for k in range(4)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert tiny_probe.features("q?", short, _spans(short)).x.shape[0] == sum(len(sp) for sp in _spans(short))
+    ps = [Passage(title="Ok", text="Short."), Passage(title="Huge", text="Fine here. " + "word " * 80 + "end.")]
+    with pytest.raises(InputError, match="sentence 1 of passage 1 \\('Huge'\\).*max_context_tokens=80"):
         tiny_probe.features("q?", ps, _spans(ps))
+
+
+def test_question_leaving_no_room_is_refused_as_such(tiny_probe, monkeypatch):
+    monkeypatch.setattr(tiny_probe, "max_context_tokens", 40)
+    ps = [Passage(title="Tiny", text="end.")]
+    with pytest.raises(InputError, match="the question .* leaving no room .*max_context_tokens=40"):
+        tiny_probe.features("q?", ps, _spans(ps))
+
+
+def test_a_window_of_one_sentence_warns(tiny_probe, monkeypatch):
+    ps = [Passage(title=f"P{k}", text=f"Fact {k} is long enough to need a window of its own here.") for k in range(3)]
+    q = "q?"
+    one = tiny_probe._n_tokens(tiny_probe._prompt(q, ps[:1], _spans(ps[:1]))[0])
+    monkeypatch.setattr(tiny_probe, "max_context_tokens", one + 2)
+    assert len(tiny_probe.windows(q, ps, _spans(ps))) == 3
+    with pytest.warns(RuntimeWarning, match="holds only one sentence"):
+        f = tiny_probe.features(q, ps, _spans(ps))
+    att = len(DEFAULT_LAYOUT.pooling) * 2 * 4
+    assert np.all(f.x[:, :att] == 0)  # no contrast within a one-sentence window
+
+
+def test_compressor_refuses_a_reader_built_for_another_limit(tiny_probe, monkeypatch, counter):
+    monkeypatch.setattr(tiny_probe, "max_context_tokens", 1000)
+    with pytest.raises(ConfigError, match="max_context_tokens=1000 but the config names max_context_tokens=8192"):
+        _trained(counter, tiny_probe)
 
 
 def test_works_on_gemma3_architecture(smol_tokenizer, tmp_path):
@@ -487,7 +548,9 @@ def test_shipped_probe_on_real_hotpotqa(counter):
     windowed = get_compressor("sentinel", counter=counter, min_score=None, max_context_tokens=600)
     win = []
     for e in exs:
-        ctx = windowed.compress(e.question, e.passages, Budget(ratio=3))
+        with warnings.catch_warnings():  # a window of one long passage warns that it has no passage contrast
+            warnings.simplefilter("ignore", RuntimeWarning)
+            ctx = windowed.compress(e.question, e.passages, Budget(ratio=3))
         assert ctx.tokens_out <= Budget(ratio=3).max_tokens(ctx.tokens_in)
         win.append(evidence_recall(ctx, e.passages))
     assert np.mean(win) > np.mean(recalls) - 0.1

@@ -64,6 +64,10 @@ class SentinelCompressor(SentenceFilter):
         if layout.uses_embedder and getattr(attention, "embedder", None) != config.embedder:
             raise ConfigError(f"the attention reader embeds with {getattr(attention, 'embedder', None)!r} but the "
                               f"config names embedder={config.embedder!r}; build both with the same embedder")
+        for field, attr in (("max_context_tokens", "max_context_tokens"), ("query_positions", "m")):
+            if hasattr(attention, attr) and getattr(attention, attr) != getattr(config, field):
+                raise ConfigError(f"the attention reader has {field}={getattr(attention, attr)} but the config "
+                                  f"names {field}={getattr(config, field)}; build the reader with the config's value")
         self.probe, self.attention, self.layout, self.manifest = probe, attention, layout, manifest or {}
         self.reranker = reranker
         if config.cache_dir and hasattr(attention, "embed_cache_dir"):

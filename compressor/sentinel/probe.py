@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextvars
 import math
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +97,19 @@ def _register() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_IMPL, sdpa_mask)
 
 
+def _warn_flat_windows(wins: list[list[tuple[int, int, int]]], n_passages: int, layout: FeatureLayout) -> None:
+    """Warn when windows too small to z-score within leave sentences without attention contrast. The message
+    names no counts, so Python shows it once per run, not once per question."""
+    lone = any(sum(b - a for _, a, b in w) < 2 for w in wins)
+    uses_passage = any(p.startswith("passage_") for p in layout.pooling)
+    single = uses_passage and n_passages > 1 and any(len(w) == 1 for w in wins)
+    if lone or single:
+        what = " and ".join(["one sentence"] * lone + ["one passage (or part of one)"] * single)
+        warnings.warn(f"a proxy window holds only {what}: attention is z-scored within a window, so its "
+                      "sentences get no attention contrast (z-score 0) there and are scored by the other features; "
+                      "raise max_context_tokens to read more per window", RuntimeWarning, stacklevel=3)
+
+
 def select_columns(src: FeatureLayout, src_layers: int, dst: FeatureLayout, dst_layers: int,
                    heads: int) -> np.ndarray:
     """Column indices of a ``src`` feature matrix (``src_layers`` deep) that a ``dst`` layout with a
@@ -156,6 +170,7 @@ class AttentionProbe:
         self.model, self.tokenizer = model, tokenizer
         self.m = query_positions
         self.max_context_tokens = max_context_tokens
+        self.join_margin = 2  # tokens allowed per window piece for merges at its joins, when packing windows
         self.embedder = embedder  # loaded on first use, only by a layout naming the embed_* scalars
         self.embedder_dtype = embedder_dtype
         self._embed_cache_dir, self._embed_cache = embed_cache_dir, None
@@ -284,13 +299,17 @@ class AttentionProbe:
         sentences, two tokens of margin per piece for merges at the joins) stays within the limit. A piece is a
         whole passage, or, for a passage too long to fit with the question alone, a run of its sentences under
         its title line. Each window's prompt is then counted exactly, and one that came out too long is split.
-        Passages without sentences are left out (they have no rows). A single sentence too long to fit is
-        refused when its window is read."""
+        Passages without sentences are left out (they have no rows). A question that leaves no room for a
+        sentence, or a single sentence too long to fit with it, is refused (a sentence is never cut)."""
         if self._n_tokens(self._prompt(query, passages, spans)[0]) <= self.max_context_tokens:
             return [[(i, 0, len(sp)) for i, sp in enumerate(spans)]]
         fixed = self._n_tokens(self._prompt(query, [], [])[0])
         budget = self.max_context_tokens - fixed
-        room = budget - 2  # one piece alone, with its margin
+        room = budget - self.join_margin  # one piece alone, with its margin
+        if room <= 0:
+            raise InputError(f"the question and the proxy's instruction take {fixed} tokens, leaving no room for "
+                             f"context under max_context_tokens={self.max_context_tokens}: shorten the question "
+                             "or raise max_context_tokens (up to the proxy's context length)")
         pieces: list[tuple[int, int, int, int]] = []  # passage, first, end, tokens
         for i, (p, sp) in enumerate(zip(passages, spans)):
             if not sp:
@@ -313,21 +332,27 @@ class AttentionProbe:
         cur: list[tuple[int, int, int]] = []
         used = 0
         for i, first, end, cost in pieces:
-            if cur and used + cost + 2 > budget:
+            if cur and used + cost + self.join_margin > budget:
                 groups.append(cur)
                 cur, used = [], 0
             cur.append((i, first, end))
-            used += cost + 2
+            used += cost + self.join_margin
         groups += [cur] if cur else []
 
         def settle(w: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]:
             """The packing above estimates; an exact count splits a window that came out too long."""
-            if self._n_tokens(self._prompt(query, *self._window(passages, spans, w))[0]) <= self.max_context_tokens:
+            n = self._n_tokens(self._prompt(query, *self._window(passages, spans, w))[0])
+            if n <= self.max_context_tokens:
                 return [w]
             if len(w) > 1:
                 return settle(w[: len(w) // 2]) + settle(w[len(w) // 2:])
             i, a, b = w[0]
-            return settle([(i, a, (a + b) // 2)]) + settle([(i, (a + b) // 2, b)]) if b - a > 1 else [w]
+            if b - a > 1:
+                return settle([(i, a, (a + b) // 2)]) + settle([(i, (a + b) // 2, b)])
+            title = f" ({passages[i].title!r})" if passages[i].title else ""
+            raise InputError(f"sentence {a} of passage {i}{title} makes a proxy prompt of {n} tokens with the "
+                             f"question, over max_context_tokens={self.max_context_tokens}, and a sentence is never "
+                             "cut: raise max_context_tokens (up to the proxy's context length) or split that sentence")
 
         return [x for w in groups for x in settle(w)] or [[(i, 0, len(sp)) for i, sp in enumerate(spans)]]
 
@@ -338,12 +363,9 @@ class AttentionProbe:
         text, ranges, qrange, pranges = self._prompt(query, passages, spans)
         ids, offsets = self._encode(text)
         L = len(ids)
-        if L > self.max_context_tokens:
-            what = f"{len(ranges)} sentence(s) of passage {passages[0].title!r}" if len(passages) == 1 \
-                else f"{len(passages)} passages"
-            raise InputError(f"the proxy prompt of {what} with the question has {L} tokens, over "
-                             f"max_context_tokens={self.max_context_tokens}, and a sentence is never cut: raise "
-                             "max_context_tokens (up to the proxy's context length)")
+        if L > self.max_context_tokens:  # features() reads through windows(), which never makes one this long
+            raise InputError(f"a proxy prompt of {L} tokens is over max_context_tokens={self.max_context_tokens}: "
+                             "read the context with features(), which splits it into windows")
         starts = np.array([a for a, _ in offsets])
         ends = np.array([b for _, b in offsets])
 
@@ -406,12 +428,16 @@ class AttentionProbe:
 
         A context whose prompt is longer than ``max_context_tokens`` is read in windows (:meth:`windows`):
         consecutive whole passages, each window with the question, its attention z-scored within the window.
-        The scalars are computed over the whole context either way."""
+        The scalars are computed over the whole context either way. A window of one sentence (or of one
+        passage, where the context has several) has nothing to compare its attention with: its z-scores are 0,
+        those rows are scored by the other features, and a warning says so."""
         from ..filters.bm25 import bm25_scores
 
         layers = self.n_layers if layers is None else min(layers, self.n_layers)
-        parts = [self._attention_blocks(query, *self._window(passages, spans, w), layers, layout)
-                 for w in self.windows(query, passages, spans)]
+        wins = self.windows(query, passages, spans)
+        if len(wins) > 1:
+            _warn_flat_windows(wins, sum(1 for sp in spans if sp), layout)
+        parts = [self._attention_blocks(query, *self._window(passages, spans, w), layers, layout) for w in wins]
         blocks = {k: np.concatenate([b[k] for b, _, _ in parts]) for k in parts[0][0]}
         n_tokens = [t for _, ts, _ in parts for t in ts]
         L = sum(n for _, _, n in parts)
