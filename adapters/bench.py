@@ -122,8 +122,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True, log: Callable[[str], None
                             continue
                         log(f"{dec} | {spec.label} | {m} | ratio {r}: {len(todo)} questions")
                         if m.endswith(CACHED):  # fill the cache first (index time); the timed run reads it
-                            for e in todo:
-                                comps[m].compress(e.question, e.passages)
+                            comps[m].index([p for e in todo for p in e.passages])
                         budget = Budget(ratio=r) if r else Budget()
 
                         def write(rec: dict, _m=m, _r=r, _dec=dec, _ds=spec.label) -> None:

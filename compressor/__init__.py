@@ -7,7 +7,7 @@ from . import longllmlingua as _longllmlingua  # noqa: F401  (registers the outs
 from . import reference as _reference  # noqa: F401  (registers none / no_context / oracle)
 from . import sentinel as _sentinel  # noqa: F401  (registers sentinel)
 from . import xrag as _xrag  # noqa: F401  (registers xrag when its trained bridge ships)
-from .base import Budget, CompressedContext, CompressedPassage, Compressor, Passage, TokenCounter
+from .base import Budget, CompressedContext, CompressedPassage, Compressor, IndexReport, Passage, TokenCounter
 from .errors import (
     ArtifactError,
     BaseModelMismatchError,
@@ -31,6 +31,7 @@ __all__ = [
     "CompressedPassage",
     "Compressor",
     "ConfigError",
+    "IndexReport",
     "InputError",
     "MissingExtraError",
     "ModelNotAvailableError",

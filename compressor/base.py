@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .errors import InputError
+from .errors import ConfigError, InputError
 
 __all__ = [
     "Passage",
@@ -26,6 +26,7 @@ __all__ = [
     "CompressedPassage",
     "CompressedContext",
     "Compressor",
+    "IndexReport",
     "TokenCounter",
     "coerce_passages",
 ]
@@ -138,6 +139,20 @@ class CompressedContext(BaseModel):
         }
 
 
+class IndexReport(BaseModel):
+    """What :meth:`Compressor.index` did: per-passage work computed ahead of time into the method's cache."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: str
+    passages: int = Field(description="Passages given.")
+    computed: int = Field(description="Passages whose work was computed now and stored.")
+    cached: int = Field(description="Passages already in the cache (nothing computed).")
+    duplicates: int = Field(default=0, description="Repeats of a passage given earlier in the call (done once).")
+    skipped: int = Field(default=0, description="Passages with nothing to store (no sentences).")
+    seconds: float
+
+
 class TokenCounter:
     """Counts tokens in the decoder's tokenizer (no special tokens). Wraps a HF tokenizer or any callable
     ``str -> list[int]``."""
@@ -238,3 +253,21 @@ class Compressor(ABC):
     @abstractmethod
     def _compress(self, query: str, passages: list[Passage], budget: Budget) -> list[CompressedPassage]:
         """Return the kept passages in input order."""
+
+    def index(self, passages: Any) -> IndexReport:
+        """Index time: compute the per-passage work of a method that caches it (ICAE memory slots, sentinel
+        sentence embeddings) for a corpus, ahead of any question, into the method's ``cache_dir``. A later
+        :meth:`compress` over these passages reads it instead of computing it. Passages already cached are not
+        computed again, so indexing a growing corpus repeatedly costs only its new passages."""
+        plist = coerce_passages(passages)
+        t0 = time.perf_counter()
+        unique = list({(p.title, p.text): p for p in plist}.values())  # a corpus often repeats passages
+        computed, cached = self._index(unique)
+        return IndexReport(method=self.name, passages=len(plist), computed=computed, cached=cached,
+                           duplicates=len(plist) - len(unique), skipped=len(unique) - computed - cached,
+                           seconds=time.perf_counter() - t0)
+
+    def _index(self, passages: list[Passage]) -> tuple[int, int]:
+        """Store each passage's work in the cache: (passages computed now, passages already cached)."""
+        raise ConfigError(f"method {self.name!r} keeps no per-passage cache, so there is nothing to index; "
+                          "index with a method that has one (sentinel, icae)")

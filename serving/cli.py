@@ -52,6 +52,23 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a config option of a registered method, repeatable; VALUE is read as JSON when it parses "
                          "(--option max_context_tokens=800 --option complete_links=false), else as a string")
 
+    ix = sub.add_parser("index", help="index time: fill a method's per-passage cache (sentinel sentence "
+                                      "embeddings, icae slots) for a corpus, ahead of any question")
+    ix.add_argument("--method", required=True, help="a method with a per-passage cache: sentinel or icae")
+    ix.add_argument("--cache-dir", required=True, type=Path, help="the cache folder; compress with the same cache_dir")
+    src = ix.add_mutually_exclusive_group(required=True)
+    src.add_argument("--passages", type=Path, help="JSONL, one passage per line: a string or {\"title\", \"text\"}")
+    src.add_argument("--dataset", choices=["hotpotqa", "nq", "squad", "jsonl"],
+                     help="index every passage of this dataset file (--path)")
+    ix.add_argument("--path", type=Path, help="the dataset file, with --dataset")
+    ix.add_argument("--limit", type=int, help="with --dataset: the first N questions' passages")
+    ix.add_argument("--decoder", default="smollm2-135m-instruct",
+                    help="the decoder the method serves (its tokenizer splits and counts; soft methods encode for it)")
+    ix.add_argument("--artifact", help="trained artifact folder for the method (default: the shipped one)")
+    ix.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config option of the method, as in `ragpress eval --option`")
+    ix.add_argument("--chunk", type=int, default=256, help="passages per step of the progress bar")
+
     md = sub.add_parser("models", help="list or provision the named default models")
     md.add_argument("action", choices=["list", "provision"], nargs="?", default="list")
     md.add_argument("names", nargs="*")
@@ -276,6 +293,60 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_passages(path: Path) -> list[Any]:
+    """The passages of a JSONL file, one per line (a string or an object); blank lines are skipped."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"--passages {path}: line {n} is not JSON ({e.msg}); write one passage per line, "
+                                 'a JSON string or {"title": ..., "text": ...}') from None
+    return out
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from compressor import TokenCounter, get_compressor, get_spec
+    from compressor.base import coerce_passages
+    from compressor.models import load_tokenizer
+
+    spec = get_spec(args.method)
+    if not spec.cacheable:
+        raise SystemExit(f"ragpress index: {args.method} keeps no per-passage cache; index with a method that has "
+                         "one (sentinel, icae)")
+    if args.chunk < 1:
+        raise SystemExit(f"--chunk {args.chunk}: give a positive number of passages per step")
+    if args.dataset:
+        from adapters.datasets import corpus_of, load_dataset
+
+        if args.path is None:
+            raise SystemExit("--dataset needs --path, the dataset file")
+        passages = corpus_of(load_dataset(args.dataset, args.path, limit=args.limit))
+    else:
+        if args.path is not None or args.limit is not None:
+            raise SystemExit("--path and --limit apply to --dataset; --passages reads the whole file")
+        passages = coerce_passages(_read_passages(args.passages))
+    opts = {**_method_options(args, args.decoder), "cache_dir": str(args.cache_dir)}
+    if spec.kind == "soft":
+        opts["decoder"] = args.decoder
+    counter = TokenCounter.from_tokenizer(load_tokenizer(args.decoder))
+    comp = get_compressor(args.method, counter=counter, **opts)
+    totals = {"passages": 0, "computed": 0, "cached": 0, "duplicates": 0, "skipped": 0, "seconds": 0.0}
+    for i in tqdm(range(0, len(passages), args.chunk), desc=f"index {args.method}", unit="chunk",
+                  disable=len(passages) <= args.chunk):
+        rep = comp.index(passages[i:i + args.chunk])
+        for k in totals:
+            totals[k] += getattr(rep, k)
+    print(json.dumps({"method": args.method, "cache_dir": str(args.cache_dir), **totals,
+                      "seconds": round(totals["seconds"], 3)}))
+    return 0
+
+
 def _fmt(v: Any) -> str:
     if v is None:
         return "-"
@@ -473,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     handlers = {"eval": cmd_eval, "models": cmd_models, "methods": cmd_methods, "train": cmd_train, "bench": cmd_bench,
-                "serve": cmd_serve}
+                "serve": cmd_serve, "index": cmd_index}
     try:
         return handlers[args.cmd](args)
     except RagpressError as e:

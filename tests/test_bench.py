@@ -103,7 +103,7 @@ def test_fixed_ratio_soft_method_runs_once_and_from_a_filled_cache(tmp_path, tin
         assert all(r["ratio"] > 2.0 for r in rows)
         plain, cached = built
         assert plain.cache is None and plain.encoded_passages == 4
-        assert cached.encoded_passages == 2 and cached.cache.hits == 6  # fill: 2 misses + 2 hits; timed: 4 hits
+        assert cached.encoded_passages == 2 and cached.cache.hits == 4  # index: 2 passages, once; timed: 4 hits
     finally:
         _REGISTRY.pop("toy_soft", None)
 

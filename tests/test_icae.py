@@ -136,6 +136,29 @@ def test_compress_rows_order_budget_and_prompt(counter, smol_tokenizer):
         comp.compress("q?", PASSAGES, Budget(target_tokens=3))
 
 
+def test_index_fills_the_slot_cache_ahead_of_questions(counter, smol_tokenizer, tmp_path, monkeypatch):
+    """Index time: every passage's slots are encoded once into the cache; compress then encodes nothing, and
+    indexing again computes only new passages."""
+    comp = _comp(counter, smol_tokenizer, cache_dir=str(tmp_path / "cache"))
+    rep = comp.index(PASSAGES)
+    assert (rep.method, rep.passages, rep.computed, rep.cached, rep.skipped) == ("icae", 3, 3, 0, 0)
+    assert len([p for p in (tmp_path / "cache").rglob("*.safetensors")]) == 3
+    fresh = _comp(counter, smol_tokenizer).compress("q?", PASSAGES)
+
+    def boom(*a, **k):
+        raise AssertionError("the encoder ran on an indexed passage")
+
+    with monkeypatch.context() as m:
+        m.setattr(comp.encoder, "encode_passages", boom)
+        got = comp.compress("q?", PASSAGES)
+    for a, b in zip(got.passages, fresh.passages):
+        torch.testing.assert_close(a.embeds, b.embeds)
+    rep = comp.index([*PASSAGES, "A passage the corpus gained later."])
+    assert (rep.computed, rep.cached) == (1, 3)
+    with pytest.raises(ConfigError, match="icae has no cache_dir: set cache_dir"):
+        _comp(counter, smol_tokenizer).index(PASSAGES)
+
+
 def test_slot_cache_hit_skips_the_encoder_and_writes_atomically(counter, smol_tokenizer, tmp_path, monkeypatch):
     comp = _comp(counter, smol_tokenizer, cache_dir=str(tmp_path / "cache"))
     first = comp.compress("q?", PASSAGES)

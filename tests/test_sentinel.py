@@ -98,6 +98,58 @@ def test_structure_and_lexical_scalars(tiny_probe):
     assert g.x.shape[1] == lay.width(2, 4) == 8 + 2
 
 
+def test_index_fills_the_embedding_cache_ahead_of_questions(counter, tiny_probe, tmp_path):
+    """Index time: each passage's sentence embeddings go to cache_dir, keyed as compress reads them, so a
+    question embeds only itself; the kept text is the uncached compressor's; indexing again computes only new
+    passages; a compressor without cache_dir, or a method without a cache, refuses to index."""
+    q, budget = "What is the capital of France?", Budget(ratio=2)
+    plain = _trained(counter, tiny_probe).compress(q, PASSAGES, budget)
+    comp = _trained(counter, tiny_probe, cache_dir=str(tmp_path / "emb"))
+    try:
+        rep = comp.index(PASSAGES)
+        assert (rep.method, rep.passages, rep.computed, rep.cached, rep.skipped) == ("sentinel", 3, 3, 0, 0)
+        cache = tiny_probe.embed_cache
+        hits, misses = cache.hits, cache.misses
+        got = comp.compress(q, PASSAGES, budget)
+        assert (cache.hits - hits, cache.misses - misses) == (3, 0)  # every passage read, none embedded
+        rep = comp.index([*PASSAGES, PASSAGES[0], Passage(title="New", text="A passage the corpus gained later.")])
+        assert (rep.passages, rep.computed, rep.cached, rep.duplicates, rep.skipped) == (5, 1, 3, 1, 0)
+    finally:
+        tiny_probe.embed_cache_dir = None
+    assert [(p.index, p.text) for p in got.passages] == [(p.index, p.text) for p in plain.passages]
+    with pytest.raises(ConfigError, match="sentinel has no cache_dir: set cache_dir"):
+        _trained(counter, tiny_probe).index(PASSAGES)
+    with pytest.raises(ConfigError, match="'bm25' keeps no per-passage cache"):
+        get_compressor("bm25", counter=counter).index(PASSAGES)
+    with pytest.raises(ConfigError, match="use no sentence embeddings"):
+        _trained(counter, tiny_probe, layout=V1_LAYOUT, cache_dir=str(tmp_path / "v1")).index(PASSAGES)
+    tiny_probe.embed_cache_dir = None
+
+
+def test_cli_index_then_compress_reads_the_cache(counter, tiny_probe, tiny_model_dir, tmp_path, capsys):
+    """`ragpress index` fills a method's cache from a JSONL of passages; a second run finds them all cached; a
+    method without a cache and a malformed line are refused with the fix."""
+    from serving.cli import main
+
+    art = _trained(counter, tiny_probe).save_pretrained(tmp_path / "art", training={"data": "unit test"})
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps(p) for p in [{"title": p.title, "text": p.text} for p in PASSAGES]
+                                 + ["An untitled passage. With two sentences."]) + "\n\n")
+    args = ["index", "--method", "sentinel", "--artifact", str(art), "--passages", str(corpus), "--cache-dir",
+            str(tmp_path / "emb"), "--decoder", str(tiny_model_dir), "--option", f"proxy={tiny_model_dir}"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (first["passages"], first["computed"], first["cached"]) == (4, 4, 0)
+    assert main(args) == 0
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (again["computed"], again["cached"]) == (0, 4)
+    with pytest.raises(SystemExit, match="bm25 keeps no per-passage cache"):
+        main(["index", "--method", "bm25", "--passages", str(corpus), "--cache-dir", str(tmp_path / "x")])
+    corpus.write_text('"fine"\n{"title": "broken"\n')
+    with pytest.raises(SystemExit, match="line 2 is not JSON"):
+        main(args)
+
+
 def test_passage_link_scalars(tiny_probe):
     """A passage named by a question-relevant passage (the second hop of a bridge question) gets ``link_in``; the
     sentence naming it gets ``link_out``; titles match as whole words, without a trailing qualifier."""

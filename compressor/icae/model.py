@@ -241,6 +241,17 @@ class ICAECompressor(Compressor):
                     self.cache.put(texts[i], rows)
         return out  # type: ignore[return-value]
 
+    def _index(self, passages: list[Passage]) -> tuple[int, int]:
+        """Index time: each passage's memory slots into the slot cache, a batch at a time."""
+        if self.cache is None:
+            raise ConfigError("icae has no cache_dir: set cache_dir (the slot cache that compress reads) to index "
+                              "passages")
+        before, hits = self.encoded_passages, self.cache.hits
+        step = max(1, self.config.encode_batch_size) * 8
+        for i in range(0, len(passages), step):
+            self.passage_slots([p.text for p in passages[i:i + step]])
+        return self.encoded_passages - before, self.cache.hits - hits
+
     def _compress(self, query: str, passages: list[Passage], budget: Budget) -> list[CompressedPassage]:
         n_in = [len(self._tokens(p.text)) for p in passages]
         n_out = [self.config.rows_for(n) for n in n_in]

@@ -73,6 +73,20 @@ class SentinelCompressor(SentenceFilter):
         if config.cache_dir and hasattr(attention, "embed_cache_dir"):
             attention.embed_cache_dir = config.cache_dir
 
+    def _index(self, passages: list[Passage]) -> tuple[int, int]:
+        """Index time: each passage's sentence embeddings into ``cache_dir`` (split as :meth:`compress` splits
+        them), so a question pays only for its own embedding and the proxy pass."""
+        if not self.layout.uses_embedder:
+            raise ConfigError(f"this sentinel probe's features ({self.layout}) use no sentence embeddings, so "
+                              "there is nothing to index")
+        if not self.config.cache_dir:
+            raise ConfigError("sentinel has no cache_dir: set cache_dir (the folder the embeddings go to, and that "
+                              "compress reads) to index passages")
+        spans: list[list[tuple[int, int]]] = [[] for _ in passages]
+        for s in self.sentences(passages):
+            spans[s.passage].append((s.start, s.end))
+        return self.attention.index_sentences(passages, spans)
+
     def score_sentences(self, query: str, passages: list[Passage], sentences: list[Sentence]) -> np.ndarray:
         if not sentences:
             return np.zeros(0)

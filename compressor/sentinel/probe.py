@@ -205,16 +205,20 @@ class AttentionProbe:
             self._embed_cache = TensorCache(self.embed_cache_dir, ns)
         return self._embed_cache
 
-    def embed_similarity(self, query: str, docs: list[str], owner: list[int]) -> np.ndarray:
-        """Cosine of each doc (a title-prefixed sentence of passage ``owner[i]``) to the question. With a cache
-        folder, a passage's sentence vectors are read from it (written ahead of time, or by the first question
-        that saw the passage), so only the question is embedded at query time."""
+    @staticmethod
+    def embed_docs(passages: list[Passage], spans: list[list[tuple[int, int]]]) -> tuple[list[str], list[int]]:
+        """The texts embedded per sentence (title-prefixed, as the minilm filter scores them) and the passage of
+        each: what :meth:`embed_similarity` reads and :meth:`index_sentences` writes, keyed alike."""
+        docs = [f"{p.title}: {p.text[a:b]}" if p.title else p.text[a:b] for p, sp in zip(passages, spans) for a, b in sp]
+        return docs, [pi for pi, sp in enumerate(spans) for _ in sp]
+
+    def _cached_vectors(self, docs: list[str], owner: list[int], query: str | None) -> tuple[Any, Any, int, int]:
+        """Sentence vectors by passage, read from the cache where present, the rest embedded now (with the
+        query, in one call) and stored: ``(vectors [len(docs), dim], query vector or None, passages embedded
+        now, passages read from the cache)``."""
         from ..embed import get_embedder
 
-        emb = get_embedder(self.embedder, self.embedder_dtype)
-        cache = self.embed_cache
-        if cache is None:
-            return emb.similarity(query, docs)
+        emb, cache = get_embedder(self.embedder, self.embedder_dtype), self.embed_cache
         groups: dict[int, list[int]] = {}
         for i, pi in enumerate(owner):
             groups.setdefault(pi, []).append(i)
@@ -227,14 +231,36 @@ class AttentionProbe:
                 vecs[rows] = got
             else:
                 missing.append(pi)
-        fresh = emb.encode([query] + [docs[i] for pi in missing for i in groups[pi]])
-        start = 1
+        head = [query] if query is not None else []
+        fresh = emb.encode(head + [docs[i] for pi in missing for i in groups[pi]])
+        start = len(head)
         for pi in missing:
             rows = groups[pi]
             vecs[rows] = fresh[start:start + len(rows)]
             cache.put(keys[pi], fresh[start:start + len(rows)])
             start += len(rows)
-        return (vecs @ fresh[0]).numpy().astype("float64")
+        return vecs, (fresh[0] if head else None), len(missing), len(groups) - len(missing)
+
+    def embed_similarity(self, query: str, docs: list[str], owner: list[int]) -> np.ndarray:
+        """Cosine of each doc (a title-prefixed sentence of passage ``owner[i]``) to the question. With a cache
+        folder, a passage's sentence vectors are read from it (written at index time by
+        :meth:`index_sentences`, or by the first question that saw the passage), so only the question is
+        embedded at query time."""
+        from ..embed import get_embedder
+
+        if self.embed_cache is None:
+            return get_embedder(self.embedder, self.embedder_dtype).similarity(query, docs)
+        vecs, q, _, _ = self._cached_vectors(docs, owner, query)
+        return (vecs @ q).numpy().astype("float64")
+
+    def index_sentences(self, passages: list[Passage], spans: list[list[tuple[int, int]]]) -> tuple[int, int]:
+        """Index time: store the sentence vectors of every passage with sentences in the cache folder, keyed as
+        :meth:`embed_similarity` reads them. Returns (passages embedded now, passages already cached)."""
+        if self.embed_cache is None:
+            raise ConfigError("the sentence-embedding cache has no folder: set cache_dir to index passages")
+        docs, owner = self.embed_docs(passages, spans)
+        _, _, computed, cached = self._cached_vectors(docs, owner, None)
+        return computed, cached
 
     def n_features(self, layers: int, layout: FeatureLayout = DEFAULT_LAYOUT) -> int:
         return layout.width(layers, self.n_heads)
@@ -453,8 +479,7 @@ class AttentionProbe:
         sents = [passages[pi].text[a:b] for pi, sp in enumerate(spans) for a, b in sp]
         titles = [passages[pi].title or "" for pi in owner]
         if layout.uses_embedder:
-            docs = [f"{t}: {s}" if t else s for t, s in zip(titles, sents)]  # as the minilm filter scores them
-            cos = self.embed_similarity(query, docs, owner)
+            cos = self.embed_similarity(query, self.embed_docs(passages, spans)[0], owner)
             extras["embed_cos"] = cos
             extras["embed_z"] = zscore(cos[:, None])[:, 0] if n else []
         if {"question_overlap", "title_overlap", "bm25_z", *LINK_EXTRAS} & set(layout.extra):
