@@ -20,6 +20,12 @@ def _add_budget(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=float, help="score threshold (sentence filters)")
 
 
+def _add_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config option of a registered method, repeatable; VALUE is read as JSON when it parses "
+                        "(--option max_context_tokens=800 --option complete_links=false), else as a string")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ragpress", description="RAG context compression.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -48,9 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--retrieve", type=int, default=0, metavar="K",
                     help="nq: top-K passages retrieved (MiniLM, index cached under $RAGPRESS_HOME/indexes) from all "
                          "passages of the file, instead of the gold passage")
-    ev.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                    help="a config option of a registered method, repeatable; VALUE is read as JSON when it parses "
-                         "(--option max_context_tokens=800 --option complete_links=false), else as a string")
+    _add_option(ev)
 
     ix = sub.add_parser("index", help="index time: fill a method's per-passage cache (sentinel sentence "
                                       "embeddings, icae slots) for a corpus, ahead of any question")
@@ -65,8 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     ix.add_argument("--decoder", default="smollm2-135m-instruct",
                     help="the decoder the method serves (its tokenizer splits and counts; soft methods encode for it)")
     ix.add_argument("--artifact", help="trained artifact folder for the method (default: the shipped one)")
-    ix.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                    help="a config option of the method, as in `ragpress eval --option`")
+    _add_option(ix)
     ix.add_argument("--chunk", type=int, default=256, help="passages per step of the progress bar")
 
     md = sub.add_parser("models", help="list or provision the named default models")
@@ -210,11 +213,24 @@ def _method_options(args: argparse.Namespace, decoder: str) -> dict[str, Any]:
     return opts
 
 
+def _build_method(args: argparse.Namespace, counter: Any, opts: dict[str, Any]) -> Any:
+    """The method built by name with ``opts``; options its config does not take leave as one line."""
+    from pydantic import ValidationError
+
+    from compressor import get_compressor
+
+    try:
+        return get_compressor(args.method, counter=counter, **opts)
+    except ValidationError as e:
+        raise SystemExit(f"ragpress {args.cmd}: {args.method} does not take these options: "
+                         f"{e.errors()[0]['loc']} {e.errors()[0]['msg']} (see `ragpress methods`)") from None
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from adapters.backends import GenerationParams, HFBackend
     from adapters.datasets import add_distractors, corpus_of, load_dataset
     from adapters.evaluate import evaluate, summarize
-    from compressor import Budget, TokenCounter, get_compressor, get_spec
+    from compressor import Budget, TokenCounter, get_spec
 
     if args.method not in _TRAINED_SOFT:  # these may be unregistered (nothing shipped) yet load with --artifact
         get_spec(args.method)
@@ -254,14 +270,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if not comp.trained:
             print("icae: UNTRAINED encoder (control)", file=sys.stderr)
     else:
-        from pydantic import ValidationError
-
         opts = _method_options(args, args.decoder)
-        try:
-            comp = get_compressor(args.method, counter=counter, **opts)
-        except ValidationError as e:
-            raise SystemExit(f"ragpress eval: {args.method} does not take these options: "
-                             f"{e.errors()[0]['loc']} {e.errors()[0]['msg']} (see `ragpress methods`)") from None
+        comp = _build_method(args, counter, opts)
         if args.option:
             extra["options"] = {k: v for k, v in opts.items() if k != "artifact"}  # recorded in the summary
     if args.fill_budget:
@@ -311,7 +321,7 @@ def _read_passages(path: Path) -> list[Any]:
 def cmd_index(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
-    from compressor import TokenCounter, get_compressor, get_spec
+    from compressor import TokenCounter, get_spec
     from compressor.base import coerce_passages
     from compressor.models import load_tokenizer
 
@@ -334,8 +344,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     opts = {**_method_options(args, args.decoder), "cache_dir": str(args.cache_dir)}
     if spec.kind == "soft":
         opts["decoder"] = args.decoder
-    counter = TokenCounter.from_tokenizer(load_tokenizer(args.decoder))
-    comp = get_compressor(args.method, counter=counter, **opts)
+    comp = _build_method(args, TokenCounter.from_tokenizer(load_tokenizer(args.decoder)), opts)
     totals = {"passages": 0, "computed": 0, "cached": 0, "duplicates": 0, "skipped": 0, "seconds": 0.0}
     for i in tqdm(range(0, len(passages), args.chunk), desc=f"index {args.method}", unit="chunk",
                   disable=len(passages) <= args.chunk):

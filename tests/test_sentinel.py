@@ -233,6 +233,15 @@ LONG = [Passage(title=f"Town {k}", text=" ".join(f"Town {k} fact {j} is about th
 LONG.insert(3, Passage(title="Big", text=" ".join(f"Big sentence {j} tells of the harbour." for j in range(30))))
 
 
+def _assert_windows_cover_and_fit(probe, q, passages, spans, wins, limit):
+    """Every sentence is read once, in order, and every window's prompt is within ``limit`` tokens."""
+    flat = [(i, j) for w in wins for i, a, b in w for j in range(a, b)]
+    assert flat == [(i, j) for i, sp in enumerate(spans) for j in range(len(sp))]
+    for w in wins:
+        ps, sp = AttentionProbe._window(passages, spans, w)
+        assert probe._n_tokens(probe._prompt(q, ps, sp)[0]) <= limit
+
+
 def test_long_context_is_read_in_windows(tiny_probe, monkeypatch):
     """Over max_context_tokens the proxy reads consecutive windows of whole passages (a passage too long to fit
     alone, in runs of its sentences), each prompt within the limit; every sentence gets one row, in order, and
@@ -246,15 +255,11 @@ def test_long_context_is_read_in_windows(tiny_probe, monkeypatch):
     monkeypatch.setattr(tiny_probe, "max_context_tokens", limit)
     wins = tiny_probe.windows(q, LONG, spans)
     assert len(wins) > 3
+    _assert_windows_cover_and_fit(tiny_probe, q, LONG, spans, wins, limit)
     pieces = [piece for w in wins for piece in w]
-    flat = [(i, j) for i, a, b in pieces for j in range(a, b)]
-    assert flat == [(i, j) for i, sp in enumerate(spans) for j in range(len(sp))]  # each sentence once, in order
     assert len([p for p in pieces if p[0] == 3]) > 1  # the long passage is split into sentence runs
     assert all(b - a == len(spans[i]) for i, a, b in pieces if i != 3)  # the others stay whole
     assert any(len(w) > 1 for w in wins)  # and are packed several to a window
-    for w in wins:
-        text = tiny_probe._prompt(q, [LONG[i] for i, _, _ in w], [spans[i][a:b] for i, a, b in w])[0]
-        assert tiny_probe._n_tokens(text) <= limit
     with pytest.warns(RuntimeWarning, match="holds only one passage"):  # the long passage's runs, read alone
         got = tiny_probe.features(q, LONG, spans)
     assert got.x.shape == whole.x.shape and np.isfinite(got.x).all()
@@ -287,10 +292,7 @@ def test_windows_packed_too_full_are_split_by_the_exact_count(tiny_probe, monkey
     monkeypatch.setattr(tiny_probe, "_window", lambda ps, sp, w: (tried.append(list(w)), orig(ps, sp, w))[1])
     monkeypatch.setattr(tiny_probe, "join_margin", -60)
     wins = tiny_probe.windows(q, LONG, spans)
-    flat = [(i, j) for w in wins for i, a, b in w for j in range(a, b)]
-    assert flat == [(i, j) for i, sp in enumerate(spans) for j in range(len(sp))]
-    for w in wins:
-        assert tiny_probe._n_tokens(tiny_probe._prompt(q, *orig(LONG, spans, w))[0]) <= limit
+    _assert_windows_cover_and_fit(tiny_probe, q, LONG, spans, wins, limit)
     rejected = [w for w in tried if w not in wins]
     assert any(len(w) > 1 for w in rejected)  # a window of several pieces was halved
     assert any(len(w) == 1 and w[0][0] == 3 for w in rejected)  # a run of the long passage was halved

@@ -82,18 +82,13 @@ class SentinelCompressor(SentenceFilter):
         if not self.config.cache_dir:
             raise ConfigError("sentinel has no cache_dir: set cache_dir (the folder the embeddings go to, and that "
                               "compress reads) to index passages")
-        spans: list[list[tuple[int, int]]] = [[] for _ in passages]
-        for s in self.sentences(passages):
-            spans[s.passage].append((s.start, s.end))
-        return self.attention.index_sentences(passages, spans)
+        return self.attention.index_sentences(passages, _spans_by_passage(passages, self.sentences(passages)))
 
     def score_sentences(self, query: str, passages: list[Passage], sentences: list[Sentence]) -> np.ndarray:
         if not sentences:
             return np.zeros(0)
-        spans: list[list[tuple[int, int]]] = [[] for _ in passages]
-        for s in sentences:
-            spans[s.passage].append((s.start, s.end))
-        feats = self.attention.features(query, passages, spans, layers=self.config.layers, layout=self.layout)
+        feats = self.attention.features(query, passages, _spans_by_passage(passages, sentences),
+                                        layers=self.config.layers, layout=self.layout)
         scores = self.probe(feats.x.astype(np.float64))
         if self.reranker is None:
             return scores
@@ -164,6 +159,14 @@ class SentinelCompressor(SentenceFilter):
                                             max_context_tokens=config.max_context_tokens, embedder=config.embedder,
                                             embed_cache_dir=config.cache_dir)
         return cls(counter, config, _probe_from(t), attention, layout=layout, manifest=cfg, reranker=reranker)
+
+
+def _spans_by_passage(passages: list[Passage], sentences: list[Sentence]) -> list[list[tuple[int, int]]]:
+    """Per passage, the ``[start, end)`` spans of its sentences, in order: what the attention reader takes."""
+    spans: list[list[tuple[int, int]]] = [[] for _ in passages]
+    for s in sentences:
+        spans[s.passage].append((s.start, s.end))
+    return spans
 
 
 def _probe_from(t: dict[str, np.ndarray], prefix: str = "") -> SentinelProbe:
