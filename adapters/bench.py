@@ -24,7 +24,7 @@ from compressor.base import Budget, TokenCounter
 from compressor.errors import BaseModelMismatchError, ConfigError
 from compressor.registry import get_compressor, get_spec
 
-from .backends import GenerationParams, HFBackend
+from .decoders import GenerationParams, HFBackend
 from .datasets import QAExample, add_distractors, corpus_of, load_dataset
 from .evaluate import evaluate
 from .metrics import abstention_rate

@@ -10,7 +10,7 @@ from tqdm.auto import tqdm
 
 from compressor.base import Budget, Compressor
 
-from .backends import DecoderBackend, GenerationParams
+from .decoders import DecoderBackend, GenerationParams
 from .datasets import QAExample
 from .metrics import abstained, abstention_rate, accuracy, evidence_recall, exact_match, f1_score
 

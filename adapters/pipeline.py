@@ -28,7 +28,7 @@ from compressor.errors import InputError
 from compressor.prompt import PromptTemplate
 from compressor.registry import get_compressor, get_spec
 
-from .backends import DecoderBackend, GenerationParams, HFBackend
+from .decoders import DecoderBackend, GenerationParams, HFBackend
 
 __all__ = ["Answer", "RAGPipeline", "compress_messages"]
 

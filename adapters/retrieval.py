@@ -1,7 +1,7 @@
 """Retrieval for evals: each question gets the top-K passages of a corpus instead of its gold passage.
 
 The corpus (every passage of the dataset file, deduplicated by text) is embedded once into a
-:class:`~compressor.xrag.index.DocumentIndex` cached under ``$RAGPRESS_HOME/indexes/``; at question time
+:class:`~compressor.retrieval.DocumentIndex` cached under ``$RAGPRESS_HOME/indexes/``; at question time
 only the question is encoded. The same index is handed to ``xrag`` so it reads the stored passage vectors.
 """
 
@@ -23,7 +23,7 @@ def retrieve_examples(everything: Sequence[QAExample], limit: int | None, k: int
     of all ``everything``'s passages. A retrieved passage equal to the example's gold passage keeps its
     evidence label. Returns ``(examples, index, info)``; ``info`` holds the index folder and the share of
     questions whose gold passage was retrieved (``gold_recall_at_k``)."""
-    from compressor.xrag.index import cached_index
+    from compressor.retrieval import cached_index
 
     index, folder, built = cached_index(name, corpus_of(list(everything)), embedder)
     examples = list(everything[:limit])

@@ -31,7 +31,7 @@ EVAL_HOLDOUT = {"hotpotqa_a": 100, "nq": 400, "squad": 300}
 def sentinel_examples(data_dir: str | Path, n_hotpot: int = 200, n_nq: int = 150, n_squad: int = 150,
                       distractors: int = 9, seed: int = 0) -> list[tuple[str, QAExample]]:
     """(source, example) pairs in the order of :func:`sentinel_records`, answers included: for choosing
-    options that need a decoder (``examples/choose_min_score.py``) on the probe's validation questions."""
+    options that need a decoder (``research/choose_min_score.py``) on the probe's validation questions."""
     return _sentinel_sources(data_dir, n_hotpot, n_nq, n_squad, distractors, seed)[0]
 
 

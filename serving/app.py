@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from adapters.backends import DecoderBackend
+from adapters.decoders import DecoderBackend
 from compressor.base import Budget, TokenCounter
 from compressor.errors import BackendError, MissingExtraError, RagpressError, UnknownNameError
 from compressor.models import load_tokenizer

@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     ts.add_argument("--features-cache", type=Path, help="npz cache of extracted features (reused if present)")
     ts.add_argument("--layers", type=int, help="force the early-exit depth (default: chosen by cross-validation)")
     ts.add_argument("--min-score", type=float, help="probe score below which sentences are dropped even when the "
-                    "budget has room (chosen with examples/choose_min_score.py; default: fill the budget)")
+                    "budget has room (chosen with research/choose_min_score.py; default: fill the budget)")
     ts.add_argument("--rerank", choices=["auto", "yes", "no"], default="auto",
                     help="second stage (multi-hop re-scoring from the probe's scores): auto keeps it when its "
                     "cross-validated recall@20%% beats the probe alone")
@@ -227,7 +227,7 @@ def _build_method(args: argparse.Namespace, counter: Any, opts: dict[str, Any]) 
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from adapters.backends import GenerationParams, HFBackend
+    from adapters.decoders import GenerationParams, HFBackend
     from adapters.datasets import add_distractors, corpus_of, load_dataset
     from adapters.evaluate import evaluate, summarize
     from compressor import Budget, TokenCounter, get_spec
@@ -489,10 +489,10 @@ def cmd_train(args: argparse.Namespace) -> int:
                                  if k not in ("chosen", "grid", "layout_ablation", "rerank")}}
     if args.min_score is not None:
         training["min_score"] = (f"{args.min_score:g}: best mean answer F1 (SmolLM2-135M and Gemma 3 270M, ratio 5) "
-                                 "on the validation questions, by examples/choose_min_score.py")
+                                 "on the validation questions, by research/choose_min_score.py")
     if args.complete_links:
         training["complete_links"] = ("on: paired answer F1 on the HotpotQA training questions scored out of fold, "
-                                      "by examples/link_completion.py (see the README)")
+                                      "by research/link_completion.py (see the README)")
     scores = {**report["chosen"], "rerank": report["rerank"], "layout_ablation": report["layout_ablation"],
               "grid": report["grid"]}
     path = comp.save_pretrained(args.out, training=training, scores=scores)

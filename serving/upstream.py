@@ -1,6 +1,6 @@
 """Where the (compressed) request goes: the in-process decoder or a remote OpenAI-compatible server.
 
-* :class:`EmbeddedUpstream`: a :class:`~adapters.backends.DecoderBackend` in this process (default: the
+* :class:`EmbeddedUpstream`: a :class:`~adapters.decoders.DecoderBackend` in this process (default: the
   default model). Applies the chat template, generates in a worker thread (one request at a time, the
   model is shared), streams token by token, and stops a generation whose client left or whose deadline
   passed.
@@ -25,7 +25,7 @@ from typing import Any, Literal
 import anyio
 import httpx
 
-from adapters.backends import DecoderBackend, Generation, GenerationParams, HFBackend
+from adapters.decoders import DecoderBackend, Generation, GenerationParams, HFBackend
 from compressor.errors import InputError
 from compressor.prompt import Prompt
 

@@ -71,7 +71,7 @@ def tiny_model(smol_tokenizer):
 
 @pytest.fixture(scope="session")
 def tiny_backend(tiny_model, smol_tokenizer):
-    from adapters.backends import HFBackend
+    from adapters.decoders import HFBackend
 
     return HFBackend(tiny_model, smol_tokenizer, model_name="tiny-llama")
 
@@ -86,7 +86,7 @@ def tiny_model_dir(tmp_path_factory, tiny_model, smol_tokenizer):
 
 @pytest.fixture(scope="session")
 def smol_backend():
-    from adapters.backends import HFBackend
+    from adapters.decoders import HFBackend
 
     return HFBackend.load("smollm2-135m-instruct")
 

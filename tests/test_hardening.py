@@ -12,7 +12,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from adapters.backends import FakeBackend
+from adapters.decoders import FakeBackend
 from serving.app import ProxySettings, create_app
 
 M = "fake"

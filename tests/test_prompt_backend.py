@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adapters.backends import GenerationParams, HFBackend
+from adapters.decoders import GenerationParams, HFBackend
 from compressor import CompressedContext, CompressedPassage, PromptBuilder, PromptTemplate
 from compressor.prompt import embed_prompt
 

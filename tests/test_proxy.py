@@ -247,7 +247,7 @@ def test_marked_blocks_bad_markup(counter):
         extract_chat([{"role": "user", "content": "<document>text</document>"}], None)
 
 
-# -- the streaming hook the proxy uses (adapters.backends) ---------------------------------------------------
+# -- the streaming hook the proxy uses (adapters.decoders) ---------------------------------------------------
 def test_backend_stream_deltas_join_to_generate_with_stop_strings(tiny_backend):
     from adapters import GenerationParams
     from compressor import Prompt

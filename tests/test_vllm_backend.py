@@ -24,8 +24,8 @@ import pytest
 import torch
 from conftest import HOTPOT, REPO
 
-from adapters.backends import GenerationParams
-from adapters.remote_backend import (
+from adapters.decoders import GenerationParams
+from adapters.decoders.remote import (
     RemoteVLLMBackend,
     completion_payload,
     decode_embeds,
@@ -33,7 +33,7 @@ from adapters.remote_backend import (
     server_command,
     server_env,
 )
-from adapters.vllm_backend import EmbeddingTable, VLLMBackend, check_embeds, prompt_embeds
+from adapters.decoders.vllm import EmbeddingTable, VLLMBackend, check_embeds, prompt_embeds
 from compressor import Budget, CompressedContext, TokenCounter, get_compressor
 from compressor.errors import BackendError, InputError, MissingExtraError
 from compressor.prompt import Prompt
@@ -285,7 +285,7 @@ def cases(smol_tokenizer):
 @pytest.fixture(scope="module")
 def hf_refs(cases):
     """HF greedy outputs, one prompt at a time (no padding), computed before any vLLM engine starts."""
-    from adapters.backends import HFBackend
+    from adapters.decoders import HFBackend
 
     hf = HFBackend.load("smollm2-135m-instruct", dtype=DTYPE)
     refs = {k: [hf.generate([p], PARAMS)[0] for p in ps] for k, ps in cases.items()}

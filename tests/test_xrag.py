@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import REPO, interrupted, make_tiny_llama
 
-from adapters.backends import GenerationParams
+from adapters.decoders import GenerationParams
 from compressor import (
     ArtifactError,
     BaseModelMismatchError,
@@ -24,15 +24,14 @@ from compressor import (
     available_compressors,
 )
 from compressor.prompt import embed_prompt
+from compressor.retrieval import DocumentIndex, cached_index
 from compressor.xrag import (
     SHIPPED_ARTIFACT,
-    DocumentIndex,
     XRAGCompressor,
     XRAGConfig,
     XRAGTrainConfig,
     load_xrag,
 )
-from compressor.xrag.index import cached_index
 from compressor.xrag.projector import Bridge, embedding_row_norm
 from compressor.xrag.train import QARecord, train_xrag
 from serving.cli import main
@@ -113,6 +112,16 @@ def test_cached_index_and_user_vectors(index, tmp_path):
         DocumentIndex.from_vectors(PASSAGES, torch.zeros(3, 384))
     with pytest.raises(InputError, match="one row a passage"):
         DocumentIndex.from_vectors(PASSAGES, torch.ones(2, 384))
+
+
+def test_retriever_lives_outside_the_family():
+    import compressor.retrieval as retrieval
+    import compressor.xrag as xrag
+
+    assert xrag.DocumentIndex is DocumentIndex and xrag.cached_index is cached_index  # lazy re-export
+    assert xrag.text_key is retrieval.text_key
+    code = "import sys, compressor.retrieval; assert 'compressor.xrag.model' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
 def test_one_row_per_passage_from_stored_vectors(counter, tiny_model_dir, index):

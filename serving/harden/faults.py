@@ -82,7 +82,7 @@ class FaultEnv:
 @contextlib.contextmanager
 def fault_env(tokenizer: Any, timeout_s: float = 1.0) -> Iterator[FaultEnv]:
     """The stub and the proxy in front of it, both on 127.0.0.1, and one client for both phases."""
-    from adapters.backends import FakeBackend
+    from adapters.decoders import FakeBackend
 
     with StubUpstream(delay_s=timeout_s * 3) as stub:
         settings = ProxySettings(upstream=stub.url, timeout_s=timeout_s, method="bm25", ratio=2.0)

@@ -45,7 +45,7 @@ class FuzzReport:
 
 def build_fuzz_app(tokenizer: Any) -> Any:
     """The proxy with a fake decoder served as ``fuzz`` (no model, no network)."""
-    from adapters.backends import FakeBackend
+    from adapters.decoders import FakeBackend
     from serving.app import ProxySettings, create_app
 
     return create_app(ProxySettings(served_model_name=SERVED, method="bm25", timeout_s=10),

@@ -3,7 +3,7 @@
 The proxy runs in a child process (so its memory is measured alone, and the clients do not share its GIL),
 on 127.0.0.1, in front of one of:
 
-* ``fake``: the in-process upstream with :class:`~adapters.backends.FakeBackend` (no model: what the proxy
+* ``fake``: the in-process upstream with :class:`~adapters.decoders.FakeBackend` (no model: what the proxy
   itself costs, compression included);
 * ``stub``: the remote upstream against :class:`~serving.harden.stub.StubUpstream` (the HTTP client path);
 * ``embedded``: the real in-process decoder (the default model, a few new tokens per request).
@@ -82,7 +82,7 @@ def _rss_mb(pid: int) -> float:
 
 def _serve(mode: str, model: str) -> None:
     """The child process: build the app for ``mode``, serve it, print its URL, run until stdin closes."""
-    from adapters.backends import FakeBackend, HFBackend
+    from adapters.decoders import FakeBackend, HFBackend
     from compressor.models import load_tokenizer
     from serving.app import ProxySettings, create_app, serve_in_thread
 

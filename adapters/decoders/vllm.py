@@ -34,7 +34,7 @@ from compressor.errors import BackendError, InputError, MissingExtraError
 from compressor.models import load_tokenizer, ragpress_home, resolve_model
 from compressor.prompt import Prompt
 
-from .backends import DecoderBackend, Generation, GenerationParams
+from .base import DecoderBackend, Generation, GenerationParams
 
 __all__ = ["EmbeddingTable", "Throughput", "VLLMBackend", "check_embeds", "configure_vllm_env", "eos_token_ids",
            "measure_throughput", "prompt_embeds", "vllm_cache_env"]

@@ -5,7 +5,7 @@ Held-out paragraphs: gold passages of the first 400 NQ-open questions (the eval 
 reads them). ``--segment-only`` scores the first segment of each paragraph (exactly one encoder window at
 the trained ratio); otherwise whole paragraphs, segment by segment.
 
-    python examples/icae_reconstruction.py --artifact runs/icae-smollm2-135m --limit 50 --out runs/icae-eval/bleu.json
+    python research/icae_reconstruction.py --artifact runs/icae-smollm2-135m --limit 50 --out runs/icae-eval/bleu.json
 """
 
 from __future__ import annotations

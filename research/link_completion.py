@@ -9,8 +9,8 @@ Two parts:
 2. Answer F1 at ratio 5 with one decoder, on the chosen sources, with and without completion, paired on the same
    questions (95% bootstrap interval of the difference).
 
-    python examples/link_completion.py --features-cache runs/sentinel-v4-feats.npz --decoder smollm2-135m-instruct
-    python examples/link_completion.py --features-cache runs/sentinel-v4-feats.npz --decoder smollm2-135m-instruct \
+    python research/link_completion.py --features-cache runs/sentinel-v4-feats.npz --decoder smollm2-135m-instruct
+    python research/link_completion.py --features-cache runs/sentinel-v4-feats.npz --decoder smollm2-135m-instruct \
         --share   # full context, oracle and sentinel: the share of the way, with its interval
 
 The features cache is the one ``ragpress train sentinel --features-cache`` writes (all 30 layers); the probe is
@@ -113,7 +113,7 @@ def cross_fitted_sentinel(exs, scores, counter: TokenCounter, artifact: Path, **
 
 def answer_f1(exs, scores, decoder: str, sources: list[str], min_score: float, artifact: Path,
               out: Path | None) -> None:
-    from adapters.backends import GenerationParams, HFBackend
+    from adapters.decoders import GenerationParams, HFBackend
     from adapters.evaluate import evaluate
 
     backend = HFBackend.load(decoder)
@@ -145,7 +145,7 @@ def share_of_the_way(exs, scores, decoder: str, sources: list[str], min_score: f
     bootstrap interval (questions resampled, the ratio recomputed)."""
     import random
 
-    from adapters.backends import GenerationParams, HFBackend
+    from adapters.decoders import GenerationParams, HFBackend
     from adapters.evaluate import evaluate
 
     backend = HFBackend.load(decoder)

@@ -3,7 +3,7 @@ all the evidence and by how much text it kept, next to the oracle's F1 on the sa
 
 Reads the per-question samples a benchmark wrote (the published ones by default), no model runs:
 
-    python examples/recall_vs_f1.py benchmarks/samples.jsonl benchmarks/gemma3-270m/samples.jsonl
+    python research/recall_vs_f1.py benchmarks/samples.jsonl benchmarks/gemma3-270m/samples.jsonl
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ is chosen here, on the probe's own validation questions (never trained on, and d
 held-out questions), by the mean answer F1 over the decoders at ratio 5; the benchmark then measures it on
 held-out questions. Probe scores are computed once per question and reused for every value.
 
-    python examples/choose_min_score.py --artifact runs/sentinel-v4 --out runs/min-score.jsonl
+    python research/choose_min_score.py --artifact runs/sentinel-v4 --out runs/min-score.jsonl
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from adapters.backends import GenerationParams, HFBackend  # noqa: E402
+from adapters.decoders import GenerationParams, HFBackend  # noqa: E402
 from adapters.evaluate import evaluate  # noqa: E402
 from adapters.training_data import sentinel_examples  # noqa: E402
 from compressor import Budget, TokenCounter, get_compressor  # noqa: E402

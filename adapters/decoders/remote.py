@@ -9,8 +9,8 @@ looks for a package named ``vllm``, so use the module)::
 * Text prompts are sent as token ids (``"prompt": [ids]``), the ids the local HF tokenizer made, with
   ``add_special_tokens: false``: the server decodes exactly what the HF backend decodes.
 * Soft prompts are sent as ``"prompt_embeds"``: base64 of ``torch.save`` of one dense ``[seq, hidden]`` tensor
-  built locally (:func:`~adapters.vllm_backend.prompt_embeds`), checked by
-  :func:`~adapters.vllm_backend.check_embeds` first (dense, contiguous, owning exactly its own storage).
+  built locally (:func:`~adapters.decoders.vllm.prompt_embeds`), checked by
+  :func:`~adapters.decoders.vllm.check_embeds` first (dense, contiguous, owning exactly its own storage).
 * One streamed request per prompt, sent concurrently over one pooled ``httpx.Client`` (connection reuse,
   timeouts); ``ttft_s`` is the time to the first streamed chunk that carries tokens.
 
@@ -37,8 +37,8 @@ from compressor.errors import BackendError, InputError
 from compressor.models import load_tokenizer, resolve_model
 from compressor.prompt import Prompt
 
-from .backends import DecoderBackend, Generation, GenerationParams
-from .vllm_backend import (
+from .base import DecoderBackend, Generation, GenerationParams
+from .vllm import (
     EmbeddingTable,
     check_embeds,
     eos_token_ids,
@@ -60,7 +60,7 @@ def server_command(
 ) -> list[str]:
     """argv that starts vLLM's OpenAI server on a named model or HF folder, with the flags the in-process
     backend uses (eager mode, same dtype), so baseline and compressed runs are served alike. Run it with the
-    environment of :func:`~adapters.vllm_backend.configure_vllm_env` to keep caches in the project's."""
+    environment of :func:`~adapters.decoders.vllm.configure_vllm_env` to keep caches in the project's."""
     argv = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
             str(resolve_model(model)), "--host", host, "--port", str(port), "--dtype", dtype, "--enforce-eager"]
     if prompt_embeds:

@@ -1,97 +1,18 @@
-"""Decoder backends: one seam, several transports (like httpx transports).
-
-* :class:`HFBackend`: transformers, CPU or GPU; ``inputs_embeds`` when soft rows are present; batched with
-  left padding; greedy or seeded sampling; stop strings; last-token logits only.
-* :class:`FakeBackend`: deterministic, no model; for fast tests of everything around the decoder.
-
-Every backend takes :class:`~compressor.prompt.Prompt` objects and returns :class:`Generation` results with
-the time to first token measured separately from the whole call. :meth:`DecoderBackend.stream` generates one
-prompt while reporting text as it becomes final (token by token in :class:`HFBackend`).
-"""
+"""The transformers backend: CPU or GPU, ``inputs_embeds`` when soft rows are present, batched with left padding,
+greedy or seeded sampling, stop strings, last-token logits only."""
 
 from __future__ import annotations
 
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from compressor.errors import InputError
-from compressor.prompt import Prompt, PromptBuilder, PromptTemplate, embed_prompt
+from compressor.prompt import Prompt, embed_prompt
 
-__all__ = ["GenerationParams", "Generation", "DecoderBackend", "HFBackend", "FakeBackend"]
+from .base import DecoderBackend, Generation, GenerationParams, _cut_at_stop, _stream_safe_len
 
-
-class GenerationParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    max_new_tokens: int = Field(default=32, ge=1, le=4096, description="Tokens to generate at most.")
-    temperature: float = Field(default=0.0, ge=0.0, le=5.0, description="0 = greedy.")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(default=None, description="Seed for sampling.")
-    stop: list[str] | None = Field(default=None, description="Stop strings; None uses the prompt's own.")
-
-
-class Generation(BaseModel):
-    text: str
-    token_ids: list[int]
-    prompt_tokens: int
-    finish_reason: str
-    ttft_s: float
-    e2e_s: float
-
-
-class DecoderBackend(ABC):
-    """A decoder that turns prompts into text. ``tokenizer`` counts tokens and builds prompts."""
-
-    tokenizer: Any
-    model_name: str
-
-    def prompt_builder(self, template: PromptTemplate | None = None) -> PromptBuilder:
-        return PromptBuilder(self.tokenizer, template)
-
-    @property
-    def hidden_size(self) -> int | None:
-        return None
-
-    @abstractmethod
-    def generate(self, prompts: Sequence[Prompt], params: GenerationParams | None = None) -> list[Generation]:
-        """Generate one continuation per prompt."""
-
-    def stream(self, prompt: Prompt, params: GenerationParams | None = None,
-               on_delta: Callable[[str], None] | None = None) -> Generation:
-        """Generate one prompt, calling ``on_delta(text)`` with text as it becomes final; the deltas join to
-        the returned ``Generation.text``. This default reports the whole text once at the end; backends that
-        decode step by step call it after every token (possibly with ``""``), so an exception raised in
-        ``on_delta`` stops the generation early (client gone, deadline passed)."""
-        g = self.generate([prompt], params)[0]
-        if on_delta is not None and g.text:
-            on_delta(g.text)
-        return g
-
-
-def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
-    cut = len(text)
-    for s in stops:
-        i = text.find(s)
-        if i >= 0:
-            cut = min(cut, i)
-    return text[:cut], cut < len(text)
-
-
-def _stream_safe_len(text: str, stops: Sequence[str]) -> int:
-    """How much of a partial generation can be sent: not a trailing half character, nor a tail that may
-    still become the start of a stop string."""
-    n = len(text.rstrip("\ufffd"))
-    cut = n
-    for s in stops:
-        for k in range(min(len(s) - 1, n), 0, -1):
-            if text[:n].endswith(s[:k]):
-                cut = min(cut, n - k)
-                break
-    return cut
+__all__ = ["HFBackend"]
 
 
 class HFBackend(DecoderBackend):
@@ -236,28 +157,3 @@ class HFBackend(DecoderBackend):
             sp = sp * keep
             probs = torch.zeros_like(probs).scatter(-1, si, sp)
         return torch.multinomial(probs.cpu(), 1, generator=gen)[:, 0].to(logits.device)
-
-
-class FakeBackend(DecoderBackend):
-    """Deterministic stand-in for tests: answers with a fixed ``reply`` (default: the prompt's row count).
-    Uses a real tokenizer so token counts are real; records every prompt in ``calls``."""
-
-    def __init__(self, tokenizer: Any, reply: str | None = None, model_name: str = "fake") -> None:
-        self.tokenizer = tokenizer
-        self.reply = reply
-        self.model_name = model_name
-        self.calls: list[Prompt] = []
-
-    def generate(self, prompts: Sequence[Prompt], params: GenerationParams | None = None) -> list[Generation]:
-        params = params or GenerationParams()
-        out = []
-        for p in prompts:
-            self.calls.append(p)
-            t0 = time.perf_counter()
-            text = self.reply if self.reply is not None else f"{len(p)} prompt rows"
-            ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])[: params.max_new_tokens]
-            text = self.tokenizer.decode(ids)
-            dt = time.perf_counter() - t0
-            out.append(Generation(text=text, token_ids=ids, prompt_tokens=len(p), finish_reason="stop",
-                                  ttft_s=dt, e2e_s=dt))
-        return out

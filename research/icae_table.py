@@ -1,5 +1,5 @@
-"""Markdown tables of ``examples/icae_eval.sh`` results: QA per dataset (paired with ``none`` on the same
-questions) and reconstruction BLEU.   python examples/icae_table.py runs/icae-eval"""
+"""Markdown tables of ``research/icae_eval.sh`` results: QA per dataset (paired with ``none`` on the same
+questions) and reconstruction BLEU.   python research/icae_table.py runs/icae-eval"""
 
 from __future__ import annotations
 
