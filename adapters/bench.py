@@ -9,6 +9,7 @@ Differences from ``none`` are paired on the same questions, with a seeded bootst
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import re
@@ -16,42 +17,25 @@ import resource
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from compressor.base import Budget, TokenCounter
 from compressor.errors import BaseModelMismatchError, ConfigError
-from compressor.registry import get_compressor, get_spec
+from compressor.registry import get_spec
 
+from .datasets import DatasetSpec, load_examples, parse_dataset_label
 from .decoders import GenerationParams, HFBackend
-from .datasets import QAExample, add_distractors, corpus_of, load_dataset
-from .evaluate import evaluate
+from .evaluate import build_method, evaluate
 from .metrics import abstention_rate
 
-__all__ = ["DatasetSpec", "BenchConfig", "run_bench", "summarize_bench", "REFERENCE_METHODS"]
+__all__ = ["DatasetSpec", "BenchConfig", "add_bench_options", "bench_config", "run_bench", "summarize_bench",
+           "REFERENCE_METHODS"]
 
 REFERENCE_METHODS = ("none", "no_context", "oracle")
 CACHED = "@cache"  # suffix: a cacheable method (icae slots, sentinel sentence embeddings) timed on cache hits;
 # the cache is filled first, as an index would be ahead of time
-
-
-class DatasetSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    label: str = Field(description="Name in tables, e.g. 'nq-d9'.")
-    kind: Literal["hotpotqa", "nq", "squad", "jsonl"]
-    path: Path
-    distractors: int = Field(default=0, ge=0, le=50)
-    unanswerable: bool = False
-    retrieve: int = Field(default=0, ge=0, le=50, description="nq: top-k passages retrieved (MiniLM) from the "
-                          "corpus of all the file's passages instead of the gold passage (0: off).")
-
-    @model_validator(mode="after")
-    def _check(self) -> DatasetSpec:
-        if self.retrieve and (self.kind != "nq" or self.distractors):
-            raise ValueError(f"dataset {self.label!r}: retrieve applies to nq without distractors")
-        return self
 
 
 class BenchConfig(BaseModel):
@@ -71,15 +55,24 @@ def _key(r: dict) -> tuple:
     return (r["decoder"], r["dataset"], r["method"], r["ratio_requested"], r["id"])
 
 
-def _load(spec: DatasetSpec, limit: int | None, seed: int) -> list[QAExample]:
-    if spec.retrieve:
-        from .retrieval import retrieve_examples
+def add_bench_options(p: argparse.ArgumentParser) -> None:
+    """The grid's options, shared by ``ragpress bench`` and ``examples/benchmark.py``; read back with
+    :func:`bench_config`."""
+    p.add_argument("--datasets", nargs="+", default=["hotpotqa", "nq-d9"],
+                   help="hotpotqa | nq | squad, with -dK for K distractors and -u for SQuAD unanswerable (squad-d9-u)")
+    p.add_argument("--methods", nargs="+", default=["none", "no_context", "oracle", "bm25", "minilm", "sentinel"])
+    p.add_argument("--ratios", nargs="+", type=float, default=[3.0, 5.0])
+    p.add_argument("--decoders", nargs="+", default=["smollm2-135m-instruct"])
+    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--data", type=Path, default=Path("../shared/data"), help="the shared data folder")
+    p.add_argument("--out-dir", type=Path, default=Path("runs/bench"))
+    p.add_argument("--seed", type=int, default=0)
 
-        return retrieve_examples(load_dataset(spec.kind, spec.path), limit, spec.retrieve)[0]
-    if spec.distractors:
-        everything = load_dataset(spec.kind, spec.path, unanswerable=spec.unanswerable)
-        return add_distractors(everything[:limit], corpus_of(everything), spec.distractors, seed=seed)
-    return load_dataset(spec.kind, spec.path, limit=limit, unanswerable=spec.unanswerable)
+
+def bench_config(args: argparse.Namespace) -> BenchConfig:
+    return BenchConfig(datasets=[parse_dataset_label(d, args.data) for d in args.datasets], methods=args.methods,
+                       ratios=args.ratios, decoders=args.decoders, limit=args.limit, seed=args.seed,
+                       out_dir=args.out_dir)
 
 
 def run_bench(cfg: BenchConfig, progress: bool = True, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
@@ -94,7 +87,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True, log: Callable[[str], None
             if line.strip():
                 done.add(_key(json.loads(line)))
     (cfg.out_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
-    data = {d.label: _load(d, cfg.limit, cfg.seed) for d in cfg.datasets}
+    data = {d.label: load_examples(d, cfg.limit, cfg.seed).examples for d in cfg.datasets}
     params = GenerationParams(max_new_tokens=cfg.max_new_tokens)
     with open(samples_path, "a") as sink:
         for dec in cfg.decoders:
@@ -147,13 +140,10 @@ def _method_spec(m: str) -> Any:
 
 
 def _build(m: str, counter: TokenCounter, cache_dir: Path, decoder: str) -> Any:
-    """A soft family is built for ``decoder`` (its slots live in that model's embedding space) and raises
-    :class:`BaseModelMismatchError` when it was trained on another base; text methods serve any decoder."""
-    spec = _method_spec(m)
-    options: dict[str, Any] = {"decoder": decoder} if spec.kind == "soft" else {}
-    if m.endswith(CACHED):
-        options["cache_dir"] = str(cache_dir)
-    return get_compressor(spec.name, counter=counter, **options)
+    """A soft family is built for ``decoder`` and raises :class:`BaseModelMismatchError` when it was trained on
+    another base; text methods serve any decoder. ``NAME@cache`` reads (and is filled into) ``cache_dir``."""
+    options = {"cache_dir": str(cache_dir)} if m.endswith(CACHED) else {}
+    return build_method(_method_spec(m).name, counter, decoder, options)
 
 
 def bootstrap_interval(diffs: list[float], seed: int = 0, n: int = 2000) -> tuple[float, float]:

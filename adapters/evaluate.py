@@ -1,20 +1,119 @@
-"""Evaluation: every method measured the same way on the same questions with the same decoder."""
+"""Evaluation: every method measured the same way on the same questions with the same decoder.
+
+:func:`run_eval` is ``ragpress eval`` as a library call: an :class:`EvalRequest` (dataset, method, budget,
+decoder, options) in, an :class:`EvalResult` (one record per question and the summary) out.
+"""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tqdm.auto import tqdm
 
-from compressor.base import Budget, Compressor
+from compressor.base import Budget, Compressor, TokenCounter
+from compressor.errors import ConfigError
+from compressor.registry import get_compressor, get_spec
 
+from .datasets import DatasetSpec, QAExample, load_examples
 from .decoders import DecoderBackend, GenerationParams
-from .datasets import QAExample
 from .metrics import abstained, abstention_rate, accuracy, evidence_recall, exact_match, f1_score
 
-__all__ = ["evaluate", "summarize"]
+__all__ = ["EvalRequest", "EvalResult", "build_method", "evaluate", "run_eval", "summarize", "write_eval"]
+
+
+class EvalRequest(BaseModel):
+    """One method on one dataset with one decoder (what ``ragpress eval`` asks for)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dataset: DatasetSpec
+    method: str = Field(description="A registered method (`ragpress methods`).")
+    budget: Budget = Field(default_factory=Budget)
+    limit: int | None = Field(default=None, ge=1, description="The first N questions of the file.")
+    decoder: str = Field(default="smollm2-135m-instruct", description="Named model or local HF folder.")
+    seed: int = Field(default=0, description="Seed of the distractor positions.")
+    max_new_tokens: int = Field(default=32, ge=1, le=4096, description="Answer tokens at most.")
+    options: dict[str, Any] = Field(default_factory=dict, description="The method's config options, "
+                                    "`artifact` included; recorded in the summary.")
+    generate: bool = Field(default=True, description="False: compress only (evidence recall, sizes, time).")
+    fill_budget: bool = Field(default=False, description="Sentence filters: ignore min_score, fill the budget.")
+
+
+@dataclass
+class EvalResult:
+    summary: dict[str, Any]
+    records: list[dict[str, Any]]
+
+
+def build_method(name: str, counter: TokenCounter, decoder: str, options: dict[str, Any] | None = None) -> Compressor:
+    """The registered method ``name`` with ``options``. A soft family is built for ``decoder`` (its rows live
+    in that model's embedding space; trained on another base it raises :class:`BaseModelMismatchError`); an
+    option its config does not take is one :class:`ConfigError` line."""
+    opts = dict(options or {})
+    if get_spec(name).kind == "soft":
+        opts.setdefault("decoder", decoder)
+    try:
+        return get_compressor(name, counter=counter, **opts)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ConfigError(f"{name} does not take these options: {err['loc']} {err['msg']} (see `ragpress methods`)"
+                          ) from None
+
+
+def run_eval(req: EvalRequest, log: Callable[[str], None] | None = None, progress: bool = True) -> EvalResult:
+    """Load the questions, build the decoder and the method, answer every question, summarise. ``log`` gets
+    one-line notes (an untrained control is said so)."""
+    from compressor.filters import SentenceFilter
+    from compressor.models import load_tokenizer
+
+    from .decoders import HFBackend
+
+    get_spec(req.method)  # an unknown name fails before any data or model loads
+    data = load_examples(req.dataset, req.limit, req.seed)
+    counter = TokenCounter.from_tokenizer(load_tokenizer(req.decoder))  # the decoder's tokens count the budget
+    options = dict(req.options)
+    comp = build_method(req.method, counter, req.decoder, options)
+    if req.fill_budget:
+        if not isinstance(comp, SentenceFilter):
+            raise ConfigError(f"--fill-budget applies to sentence filters (bm25, minilm, sentinel), not {req.method}")
+        comp.config = comp.config.model_copy(update={"min_score": None})
+    if data.index is not None:
+        comp.attach_index(data.index)
+    backend = HFBackend.load(req.decoder) if req.generate else None  # compress-only runs load no decoder
+    params = GenerationParams(max_new_tokens=req.max_new_tokens)
+    records = evaluate(data.examples, backend, comp, req.budget, params, progress=progress, generate=req.generate)
+    stats = comp.run_stats()
+    if stats.get("trained") is False and log:
+        log(f"{req.method}: UNTRAINED weights (a control), from {options.get('artifact')}")
+    extra: dict[str, Any] = {**data.info, **stats}
+    if "artifact" in options:
+        extra["artifact"] = options["artifact"]
+    recorded = {k: v for k, v in options.items() if k != "artifact"}
+    if recorded:
+        extra["options"] = recorded
+    if req.fill_budget:
+        extra["fill_budget"] = True
+    summary = summarize(records, req.method, req.budget.ratio, dataset=req.dataset.kind, decoder=req.decoder,
+                        distractors=req.dataset.distractors, target_tokens=req.budget.target_tokens, **extra)
+    return EvalResult(summary=summary, records=records)
+
+
+def write_eval(result: EvalResult, out: str | Path) -> Path:
+    """The summary JSON at ``out`` and the per-question records beside it (``.samples.jsonl``)."""
+    import json
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result.summary, indent=2) + "\n")
+    with open(out.with_suffix(".samples.jsonl"), "w") as f:
+        for r in result.records:
+            f.write(json.dumps(r) + "\n")
+    return out
 
 
 def evaluate(

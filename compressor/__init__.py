@@ -7,6 +7,7 @@ from . import longllmlingua as _longllmlingua  # noqa: F401  (registers the outs
 from . import reference as _reference  # noqa: F401  (registers none / no_context / oracle)
 from . import sentinel as _sentinel  # noqa: F401  (registers sentinel)
 from . import xrag as _xrag  # noqa: F401  (registers xrag when its trained bridge ships)
+from ._version import __version__  # noqa: F401  (compressor.__version__; families read ._version)
 from .base import Budget, CompressedContext, CompressedPassage, Compressor, IndexReport, Passage, TokenCounter
 from .errors import (
     ArtifactError,
@@ -20,8 +21,6 @@ from .errors import (
 )
 from .prompt import Prompt, PromptBuilder, PromptTemplate
 from .registry import available_compressors, get_compressor, get_spec, register_compressor
-
-__version__ = "0.1.0"
 
 __all__ = [
     "ArtifactError",

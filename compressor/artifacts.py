@@ -29,9 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ArtifactError, BaseModelMismatchError
+from .errors import ArtifactError, BaseModelMismatchError, ConfigError
 
-__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "atomic_folder", "write_artifact", "read_artifact", "check_base_model"]
+__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "atomic_folder", "write_artifact", "read_artifact", "check_base_model",
+           "resolve_base_model"]
 
 CONFIG_NAME = "compressor_config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -244,3 +245,25 @@ def check_base_model(config: dict[str, Any], role: str, model: str, fingerprint:
             f"this artifact was trained with {role} {trained!r} (sha256 {str(want)[:12]}...), but {model!r} has "
             f"sha256 {fingerprint[:12]}...; use the {role} it was trained on or retrain with `ragpress train`"
         )
+
+
+def resolve_base_model(config: dict[str, Any], role: str, override: str | None = None, *,
+                       directory: str | Path) -> str:
+    """The model to load for ``role`` (``"base"``, ``"decoder"``, ``"embedder"``, ``"proxy"``) of an artifact
+    whose ``compressor_config.json`` is ``config``: ``override`` (a named model or a local folder) if given, else
+    the named model it records as ``config[role]["id"]``. Either way its weights must hash to the recorded
+    sha256 (:func:`check_base_model`). A model trained from a local folder is not looked for: the caller
+    passes it as ``override``, which the error (naming ``directory``) says."""
+    from .models import NAMED_MODELS, model_fingerprint
+
+    record = config.get(role) if isinstance(config.get(role), dict) else {}
+    trained = record.get("id")
+    if trained is None and not override:
+        raise ArtifactError(f"artifact {directory}: {CONFIG_NAME} records no {role} model ({role}.id); re-save it "
+                            "with `ragpress train`")
+    name = override or (trained if trained in NAMED_MODELS else None)
+    if name is None:
+        raise ConfigError(f"artifact {directory} was trained with a local {role} folder {trained!r}: "
+                          f"pass {role}=PATH")
+    check_base_model(config, role, name, model_fingerprint(name))
+    return name

@@ -267,6 +267,16 @@ class Compressor(ABC):
                            duplicates=len(plist) - len(unique), skipped=len(unique) - computed - cached,
                            seconds=time.perf_counter() - t0)
 
+    def attach_index(self, index: Any) -> None:
+        """Read per-document vectors from a retrieval index built ahead of time (:class:`~compressor.retrieval.
+        DocumentIndex`), as xRAG does; a method that reads none has nothing to attach."""
+        return None
+
+    def run_stats(self) -> dict[str, Any]:
+        """What this instance did since it was built, for a run's summary: cache hits, passages encoded, whether
+        its weights are trained. Empty for methods with nothing to report; families override it."""
+        return {}
+
     def _index(self, passages: list[Passage]) -> tuple[int, int]:
         """Store each passage's work in the cache: (passages computed now, passages already cached)."""
         raise ConfigError(f"method {self.name!r} keeps no per-passage cache, so there is nothing to index; "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from .base import Compressor, TokenCounter
@@ -36,13 +37,22 @@ class CompressorSpec:
     description: str
     fixed_ratio: bool = False  # the ratio is set by training (soft families): benchmarks run it once, unbudgeted
     cacheable: bool = False  # accepts ``cache_dir``: per-passage work (slots, sentence embeddings) is stored and reused
+    artifact: Path | None = None  # the shipped artifact folder a trained family builds from when none is given
+
+    @property
+    def shipped(self) -> bool:
+        """Builds without an ``artifact`` option: it needs none, or its trained artifact ships. A trained family
+        always registers; without its artifact, building it raises :class:`ArtifactError` naming the fix."""
+        return self.artifact is None or (self.artifact / "compressor_config.json").is_file()
 
 
 def register_compressor(
     name: str, factory: Callable[..., Compressor], *, kind: Literal["text", "soft"], description: str,
-    fixed_ratio: bool = False, cacheable: bool = False,
+    fixed_ratio: bool = False, cacheable: bool = False, artifact: Path | None = None,
 ) -> CompressorSpec:
-    """Register a family under ``name``. Rejects bad names and duplicates."""
+    """Register a family under ``name``. Rejects bad names and duplicates. ``artifact``: the folder of the
+    trained artifact the family ships (it registers either way; :attr:`CompressorSpec.shipped` says whether
+    it is there)."""
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise ConfigError(
             f"compressor name {name!r} is invalid: use 2-32 chars of lowercase letters, digits and '_', "
@@ -53,7 +63,7 @@ def register_compressor(
     if kind not in ("text", "soft"):
         raise ConfigError(f"compressor kind {kind!r} is invalid: use 'text' or 'soft'")
     spec = CompressorSpec(name=name, factory=factory, kind=kind, description=description, fixed_ratio=fixed_ratio,
-                          cacheable=cacheable)
+                          cacheable=cacheable, artifact=Path(artifact) if artifact is not None else None)
     _REGISTRY[name] = spec
     return spec
 

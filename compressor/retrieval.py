@@ -1,8 +1,10 @@
-"""A small embedded document index: passages embedded once, stored on disk, retrieved by cosine similarity.
+"""The retriever: a small embedded document index, passages embedded once, stored on disk, retrieved by cosine
+similarity. No compressor family is needed to use it (the eval's retrieval setting builds one per corpus).
 
-xRAG's point (Cheng et al. 2024) is that the retriever already embedded every document at index time, so
-compressing a retrieved document to one soft row costs only the bridge: :class:`XRAGCompressor` reads the
-stored vector by the passage's text hash and never re-encodes an indexed passage at query time.
+It is also what ``xrag`` reads: xRAG's point (Cheng et al. 2024) is that the retriever already embedded every
+document at index time, so compressing a retrieved document to one soft row costs only the bridge:
+:class:`~compressor.xrag.model.XRAGCompressor` reads the stored vector by the passage's text hash and never
+re-encodes an indexed passage at query time.
 
 On disk (written atomically: a temp folder beside the target, renamed into place)::
 
@@ -24,12 +26,13 @@ from typing import Any
 
 import torch
 
-from ..artifacts import atomic_folder
-from ..base import Passage, coerce_passages
-from ..errors import ArtifactError, BaseModelMismatchError, InputError
-from .config import INDEX_FORMAT_VERSION
+from .artifacts import atomic_folder
+from .base import Passage, coerce_passages
+from .errors import ArtifactError, BaseModelMismatchError, InputError
 
-__all__ = ["DocumentIndex", "text_key", "cached_index"]
+__all__ = ["DocumentIndex", "INDEX_FORMAT_VERSION", "text_key", "cached_index"]
+
+INDEX_FORMAT_VERSION = 1
 
 _MANIFEST, _VECTORS, _PASSAGES = "index.json", "embeddings.safetensors", "passages.jsonl"
 
@@ -40,7 +43,7 @@ def text_key(text: str) -> str:
 
 
 def _embedder_info(name: str) -> dict[str, Any]:
-    from ..models import model_fingerprint, model_id
+    from .models import model_fingerprint, model_id
 
     return {"id": model_id(name), "sha256": model_fingerprint(name)}
 
@@ -78,7 +81,7 @@ class DocumentIndex:
     @classmethod
     def build(cls, passages: Any, embedder: str = "minilm-l6", batch_size: int = 64) -> DocumentIndex:
         """Embed every distinct passage text once with the named/local ``embedder``."""
-        from ..embed import get_embedder
+        from .embed import get_embedder
 
         plist = cls._dedup(passages)
         enc = get_embedder(embedder)
@@ -132,7 +135,7 @@ class DocumentIndex:
     def retrieve(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
         """Top-``k`` passages per query string; only the queries are encoded."""
         if self._encoder is None:
-            from ..embed import get_embedder
+            from .embed import get_embedder
 
             self._encoder = get_embedder(self._embedder_name())
         q = self._encoder.encode(list(queries))
@@ -140,7 +143,7 @@ class DocumentIndex:
         return [[self.passages[int(j)] for j in row] for row in idx]
 
     def _embedder_name(self) -> str:
-        from ..models import NAMED_MODELS
+        from .models import NAMED_MODELS
 
         name = self.embedder["id"]
         if name not in NAMED_MODELS:
@@ -148,12 +151,13 @@ class DocumentIndex:
         return name
 
     def check_embedder(self, embedder: dict[str, Any]) -> None:
-        """Refuse vectors from another embedder than ``embedder`` ({id, sha256})."""
+        """Refuse vectors from another embedder than ``embedder`` ({id, sha256}), the one its reader expects (for
+        ``xrag``, the embedder its bridge was trained on)."""
         if self.embedder.get("sha256") != embedder.get("sha256"):
             raise BaseModelMismatchError(
                 f"the index was embedded with {self.embedder.get('id')!r} (sha256 {str(self.embedder.get('sha256'))[:12]}...)"
-                f" but the bridge reads {embedder.get('id')!r} (sha256 {str(embedder.get('sha256'))[:12]}...); "
-                "rebuild the index with the bridge's embedder")
+                f" but its reader expects {embedder.get('id')!r} (sha256 {str(embedder.get('sha256'))[:12]}...); "
+                "rebuild the index with that embedder")
 
     # -- disk ------------------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:
@@ -206,7 +210,7 @@ def cached_index(name: str, passages: Any, embedder: str = "minilm-l6", root: st
     """Build once, then reuse: ``(index, folder, built_now)``. The folder under ``root`` (default
     ``$RAGPRESS_HOME/indexes``) is named by ``name`` and a hash of the embedder weights and the distinct
     passage texts in order, so a changed corpus or embedder gets a new index instead of stale vectors."""
-    from ..models import ragpress_home
+    from .models import ragpress_home
 
     plist = DocumentIndex._dedup(passages)
     info = _embedder_info(embedder)

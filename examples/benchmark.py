@@ -12,8 +12,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from adapters.bench import BenchConfig, run_bench, summarize_bench, write_benchmarks_md
-from serving.cli import build_parser, parse_dataset_label
+from adapters.bench import add_bench_options, bench_config, run_bench, summarize_bench, write_benchmarks_md
 
 NOTES = """Timing columns come from a 2-core machine that was at times shared with other jobs, and the grid is
 resumable (rows added by a later run of the same command keep the earlier rows): read timings side by side
@@ -41,15 +40,13 @@ was dropped, not that the decoder can read the evidence back out of the slots; i
 def main(argv: list[str]) -> int:
     import argparse
 
-    own = argparse.ArgumentParser(add_help=False)
+    own = argparse.ArgumentParser(description="Run the benchmark grid and write BENCHMARKS.md.")
+    add_bench_options(own)
     own.add_argument("--md", type=Path, default=Path("BENCHMARKS.md"), help="markdown report to write")
     own.add_argument("--publish", type=Path, default=Path("benchmarks"), help="committed folder for outputs")
     own.add_argument("--summarize-only", action="store_true", help="rebuild the report from samples.jsonl")
-    mine, rest = own.parse_known_args(argv)
-    args = build_parser().parse_args(["bench", *rest])
-    cfg = BenchConfig(datasets=[parse_dataset_label(d, args.data) for d in args.datasets], methods=args.methods,
-                      ratios=args.ratios, decoders=args.decoders, limit=args.limit, seed=args.seed,
-                      out_dir=args.out_dir)
+    mine = own.parse_args(argv)
+    cfg = bench_config(mine)
     samples = cfg.out_dir / "samples.jsonl"
     rows = summarize_bench(samples, cfg) if mine.summarize_only else run_bench(cfg)
     shown = [a for a in argv if a != "--summarize-only"]

@@ -17,10 +17,10 @@ import json
 import sys
 from pathlib import Path
 
-from adapters.decoders import GenerationParams
 from adapters.datasets import load_dataset
-from adapters.metrics import f1_score
+from adapters.decoders import GenerationParams
 from adapters.decoders.vllm import VLLMBackend, measure_throughput
+from adapters.metrics import f1_score
 from compressor import Budget, PromptBuilder, RagpressError, TokenCounter, get_compressor, get_spec
 from compressor.models import load_tokenizer
 

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from conftest import REPO
 
-from compressor import ArtifactError, BaseModelMismatchError
+from compressor import ArtifactError, BaseModelMismatchError, ConfigError
 from compressor import artifacts as A
-from compressor.artifacts import check_base_model, read_artifact, write_artifact
+from compressor.artifacts import check_base_model, read_artifact, resolve_base_model, write_artifact
 
 KEYS = {"w"}
 
@@ -129,6 +129,23 @@ def test_another_base_model_refused(role):
     assert "retrain with `ragpress train`" in msg
     with pytest.raises(BaseModelMismatchError):  # no record of the base model at all: refused too
         check_base_model({}, role, "smollm2-135m-instruct", "a" * 64)
+
+
+@pytest.mark.parametrize("role", ["base", "proxy", "embedder", "decoder"])
+def test_resolve_base_model(role, monkeypatch, tmp_path):
+    import compressor.models as M
+
+    monkeypatch.setattr(M, "model_fingerprint", lambda name: "a" * 64 if name == "smollm2-135m-instruct" else "b" * 64)
+    named = {role: {"id": "smollm2-135m-instruct", "sha256": "a" * 64}}
+    assert resolve_base_model(named, role, directory=tmp_path) == "smollm2-135m-instruct"  # the model it records
+    with pytest.raises(BaseModelMismatchError):  # a model passed in is checked too
+        resolve_base_model(named, role, "my-finetune", directory=tmp_path)
+    local = {role: {"id": "my-finetune", "sha256": "b" * 64}}
+    with pytest.raises(ConfigError, match=f"trained with a local {role} folder 'my-finetune': pass {role}=PATH"):
+        resolve_base_model(local, role, directory=tmp_path)  # a local folder is never guessed
+    assert resolve_base_model(local, role, "/models/my-finetune", directory=tmp_path) == "/models/my-finetune"
+    with pytest.raises(ArtifactError, match=f"records no {role} model"):
+        resolve_base_model({role: "not a record"}, role, directory=tmp_path)
 
 
 # -- atomic writes -----------------------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ import pytest
 from conftest import make_tiny_llama
 
 from adapters.bench import BenchConfig, DatasetSpec, run_bench
+from adapters.datasets import parse_dataset_label
 from compressor import BaseModelMismatchError, InputError, UnknownNameError
-from serving.cli import parse_dataset_label
 
 PASSAGES = [{"title": "Hamlet", "text": "Hamlet is a tragedy. It was written by William Shakespeare around 1600."},
             {"title": "Cats", "text": "Cats sleep a lot. They purr. They chase mice at night."}]
@@ -50,9 +50,9 @@ def test_dataset_labels(tmp_path):
     assert r.kind == "nq" and r.retrieve == 3 and r.distractors == 0
     with pytest.raises(InputError):
         parse_dataset_label("nq-x", tmp_path)
-    with pytest.raises(InputError, match="applies to nq, without -dK"):
+    with pytest.raises(InputError, match="'squad-r3': retrieve applies to nq without distractors"):
         parse_dataset_label("squad-r3", tmp_path)
-    with pytest.raises(InputError, match="applies to nq, without -dK"):
+    with pytest.raises(InputError, match="'nq-d4-r3': retrieve applies to nq without distractors"):
         parse_dataset_label("nq-d4-r3", tmp_path)
     with pytest.raises(InputError, match="no such file"):
         parse_dataset_label(str(tmp_path / "mine.jsonl"), tmp_path)

@@ -75,8 +75,9 @@ def test_segment_arithmetic_and_config_validation():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
-def test_registered_only_with_a_shipped_encoder():
-    assert ("icae" in available_compressors()) == SHIPPED_ARTIFACT.is_dir()
+def test_always_registered_and_says_whether_the_encoder_ships():
+    spec = available_compressors()["icae"]
+    assert spec.artifact == SHIPPED_ARTIFACT and spec.shipped == SHIPPED_ARTIFACT.is_dir()
 
 
 def test_encoder_shapes_batching_and_accumulation(smol_tokenizer):

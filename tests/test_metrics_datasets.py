@@ -88,3 +88,78 @@ def test_abstained(pred, out):
     from adapters.metrics import abstained
 
     assert abstained(pred) is out
+
+
+def _hotpot_record(rid) -> dict:
+    return {"_id": rid, "question": "Where was Ana born?", "answer": "Porto", "type": "bridge", "level": "easy",
+            "supporting_facts": [["Ana", 0]], "context": [["Ana", ["Ana was born in Porto.", " She paints."]],
+                                                         ["Rain", ["It rained."]]]}
+
+
+def test_integer_ids_are_taken_as_strings(tmp_path):
+    """The public HotpotQA dev distractor file has integer ``_id``s: a JSON array or JSON lines, they load."""
+    arr = tmp_path / "dev.json"
+    arr.write_text(json.dumps([_hotpot_record(5), _hotpot_record("5ab")]))
+    lines = tmp_path / "dev.jsonl"
+    lines.write_text(json.dumps(_hotpot_record(7)) + "\n")
+    assert [e.id for e in load_dataset("hotpotqa", arr)] == ["5", "5ab"]
+    ex = load_dataset("hotpotqa", lines)[0]
+    assert ex.id == "7" and ex.gold_sentences == ["Ana was born in Porto."] and ex.passages[0].evidence
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text(json.dumps({"id": 12, "question": "q?", "passages": ["a b"], "answers": ["a"]}) + "\n")
+    assert load_dataset("jsonl", mine)[0].id == "12"
+
+
+@pytest.mark.parametrize("kind,content,where,field", [
+    ("hotpotqa", [json.dumps(_hotpot_record(1)), json.dumps({**_hotpot_record(2), "question": None})],
+     "x.jsonl:2", "'question'"),
+    ("hotpotqa", [json.dumps(_hotpot_record(1)), "{not json"], "x.jsonl:2", "not JSON"),
+    ("hotpotqa", [json.dumps({**_hotpot_record(1), "supporting_facts": [["Ana", "first"]]})], "x.jsonl:1",
+     "'supporting_facts.0.1'"),
+    ("nq", [json.dumps({"question": "q", "answers": ["a"], "ctxs": [{"title": "t"}]})], "x.jsonl:1", "'ctxs.0.text'"),
+    ("jsonl", ["", json.dumps({"question": "q?", "passages": [{"txt": "b"}]})], "x.jsonl:2", "'passages.0.text'"),
+    ("jsonl", [json.dumps({"question": "q?"})], "x.jsonl:1", "'passages'"),
+    ("squad", ['{"data": [{"title": "T", "paragraphs": [{"context": "c", "qas": [{"question": "q"}]}]}]}'],
+     "x.jsonl: data[0]", "'paragraphs.0.qas.0.id'"),
+    ("squad", ['{"version": 2}'], "x.jsonl", "'data'"),
+])
+def test_a_malformed_record_is_one_line_naming_file_line_and_field(tmp_path, kind, content, where, field):
+    f = tmp_path / "x.jsonl"
+    f.write_text("\n".join(content) + "\n")
+    with pytest.raises(InputError) as e:
+        load_dataset(kind, f)
+    msg = str(e.value)
+    assert msg.startswith(f"{f.parent}/{where}") and field in msg and "\n" not in msg, msg
+
+
+def test_passages_file_is_checked_line_by_line(tmp_path):
+    from adapters.datasets import load_passages
+
+    f = tmp_path / "p.jsonl"
+    f.write_text('"plain text"\n\n{"title": "T", "text": "body"}\n')
+    assert [(p.title, p.text) for p in load_passages(f)] == [(None, "plain text"), ("T", "body")]
+    f.write_text('"ok"\n{"title": "T", "body": "x"}\n')
+    with pytest.raises(InputError, match=r"p.jsonl:2: field 'text': Field required"):
+        load_passages(f)
+    f.write_text('"ok"\n   \n"   "\n')
+    with pytest.raises(InputError, match=r"p.jsonl:3: field 'text'"):
+        load_passages(f)
+
+
+def test_cli_eval_reads_integer_ids_and_refuses_a_bad_record_in_one_line(tmp_path, tiny_model_dir, capsys):
+    from serving.cli import main
+
+    f = tmp_path / "dev.json"
+    f.write_text(json.dumps([_hotpot_record(i) for i in range(3)]))
+    out = tmp_path / "s.json"
+    assert main(["eval", "--dataset", "hotpotqa", "--path", str(f), "--method", "bm25", "--ratio", "2",
+                 "--decoder", str(tiny_model_dir), "--no-generate", "--out", str(out)]) == 0
+    assert [json.loads(x)["id"] for x in out.with_suffix(".samples.jsonl").read_text().splitlines()] == ["0", "1", "2"]
+    capsys.readouterr()
+    f.write_text(json.dumps([_hotpot_record(0), {**_hotpot_record(1), "context": "oops"}]))
+    assert main(["eval", "--dataset", "hotpotqa", "--path", str(f), "--method", "bm25",
+                 "--decoder", str(tiny_model_dir), "--no-generate"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"ragpress: error: {f}: record 1: field 'context': Input should be a valid list; " \
+                  "a HotpotQA record has _id, question, answer, supporting_facts [[title, i]] and context " \
+                  "[[title, [sentences]]]\n"

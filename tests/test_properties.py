@@ -86,10 +86,10 @@ def minilm(counter):
 def sentinel(counter, tiny_model_dir):
     from compressor.sentinel import SentinelCompressor, SentinelConfig, SentinelProbe
     from compressor.sentinel.config import DEFAULT_LAYOUT
-    from compressor.sentinel.probe import AttentionProbe
+    from compressor.sentinel.probe import AttentionReader
     from compressor.sentinel.rerank import RERANK_FEATURES, HopReranker
 
-    attention = AttentionProbe.load(str(tiny_model_dir), dtype="float32")
+    attention = AttentionReader.load(str(tiny_model_dir), dtype="float32")
     rng = np.random.default_rng(0)
     width = DEFAULT_LAYOUT.width(2, 4)  # every attention block x 2 layers x 4 heads, + the scalars
     probe = SentinelProbe(rng.normal(size=width), np.abs(rng.normal(size=width)) + 0.1, rng.normal(size=width), 0.1)

@@ -13,7 +13,7 @@ from compressor import ArtifactError, BaseModelMismatchError, Budget, ConfigErro
 from compressor.errors import InputError
 from compressor.sentinel import SHIPPED_ARTIFACT, SentinelCompressor, SentinelConfig, SentinelProbe
 from compressor.sentinel.config import DEFAULT_LAYOUT, FORMAT_VERSION, V1_LAYOUT, FeatureLayout
-from compressor.sentinel.probe import AttentionProbe, select_columns
+from compressor.sentinel.probe import AttentionReader, select_columns
 from compressor.text import split_sentences
 
 PASSAGES = [
@@ -28,8 +28,8 @@ def _spans(ps):
 
 
 @pytest.fixture(scope="module")
-def tiny_probe(tiny_model_dir):
-    return AttentionProbe.load(str(tiny_model_dir), dtype="float32")
+def tiny_reader(tiny_model_dir):
+    return AttentionReader.load(str(tiny_model_dir), dtype="float32")
 
 
 def _eager_rows(model, ids, positions):
@@ -48,32 +48,32 @@ def _zlog(means):
     return (logm - logm.mean(0)) / (logm.std(0) + 1e-6)
 
 
-def test_features_match_eager_attention(tiny_probe):
+def test_features_match_eager_attention(tiny_reader):
     q = "What is the capital of France?"
-    f = tiny_probe.features(q, PASSAGES, _spans(PASSAGES))
+    f = tiny_reader.features(q, PASSAGES, _spans(PASSAGES))
     n_sent = sum(len(s) for s in _spans(PASSAGES))
     LH = 2 * 4
     assert f.x.shape == (n_sent, 4 * LH + 13) == (n_sent, DEFAULT_LAYOUT.width(2, 4))
-    text, ranges, (qa, qb), pranges = tiny_probe._prompt(q, PASSAGES, _spans(PASSAGES))
-    enc = tiny_probe.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    text, ranges, (qa, qb), pranges = tiny_reader._prompt(q, PASSAGES, _spans(PASSAGES))
+    enc = tiny_reader.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offs = enc["input_ids"], enc["offset_mapping"]
     qpos = [i for i, (s, e) in enumerate(offs) if e > qa and s < qb]
-    last = list(range(len(ids) - tiny_probe.m, len(ids)))
+    last = list(range(len(ids) - tiny_reader.m, len(ids)))
     toks = lambda a, b: [i for i, (s, e) in enumerate(offs) if e > a and s < b]  # noqa: E731
     owner = [pi for pi, sp in enumerate(_spans(PASSAGES)) for _ in sp]
     for block, positions in ((0, qpos), (1, last)):
-        rows = _eager_rows(tiny_probe.model, ids, positions)
+        rows = _eager_rows(tiny_reader.model, ids, positions)
         mean = lambda t, rows=rows: torch.stack([r[:, t].mean(1) for r in rows]).reshape(-1).numpy()  # noqa: E731
         z = _zlog([mean(toks(a, b)) for a, b in ranges])
         np.testing.assert_allclose(f.x[:, block * LH:(block + 1) * LH], z, rtol=1e-3, atol=1e-3)
         # passage blocks: the passage's title line and sentences, z-scored over passages, one row per sentence
         zp = _zlog([mean(toks(a, b)) for a, b in pranges])
         np.testing.assert_allclose(f.x[:, (2 + block) * LH:(3 + block) * LH], zp[owner], rtol=1e-3, atol=1e-3)
-    assert tiny_probe._prompt(q, PASSAGES, _spans(PASSAGES))[3][0][0] == text.index("Paris: ")
+    assert tiny_reader._prompt(q, PASSAGES, _spans(PASSAGES))[3][0][0] == text.index("Paris: ")
 
 
-def test_structure_and_lexical_scalars(tiny_probe):
-    f = tiny_probe.features("What is the capital of France?", PASSAGES, _spans(PASSAGES))
+def test_structure_and_lexical_scalars(tiny_reader):
+    f = tiny_reader.features("What is the capital of France?", PASSAGES, _spans(PASSAGES))
     ex = dict(zip(DEFAULT_LAYOUT.extra, f.x[:, -len(DEFAULT_LAYOUT.extra):].T))
     # sentences: Paris x3, Berlin x2, Cats x1
     assert ex["first_in_passage"].tolist() == [1, 0, 0, 1, 0, 1]
@@ -93,45 +93,45 @@ def test_structure_and_lexical_scalars(tiny_probe):
                                                                                             + 1e-6), rtol=1e-4)
     # a layout reads only its named columns, in its order
     lay = FeatureLayout(("final:zlogmean",), ("bm25_z", "first_in_passage"))
-    g = tiny_probe.features("What is the capital of France?", PASSAGES, _spans(PASSAGES), layout=lay)
+    g = tiny_reader.features("What is the capital of France?", PASSAGES, _spans(PASSAGES), layout=lay)
     np.testing.assert_allclose(g.x, f.x[:, select_columns(DEFAULT_LAYOUT, 2, lay, 2, 4)], rtol=1e-6)
     assert g.x.shape[1] == lay.width(2, 4) == 8 + 2
 
 
-def test_index_fills_the_embedding_cache_ahead_of_questions(counter, tiny_probe, tmp_path):
+def test_index_fills_the_embedding_cache_ahead_of_questions(counter, tiny_reader, tmp_path):
     """Index time: each passage's sentence embeddings go to cache_dir, keyed as compress reads them, so a
     question embeds only itself; the kept text is the uncached compressor's; indexing again computes only new
     passages; a compressor without cache_dir, or a method without a cache, refuses to index."""
     q, budget = "What is the capital of France?", Budget(ratio=2)
-    plain = _trained(counter, tiny_probe).compress(q, PASSAGES, budget)
-    comp = _trained(counter, tiny_probe, cache_dir=str(tmp_path / "emb"))
+    plain = _trained(counter, tiny_reader).compress(q, PASSAGES, budget)
+    comp = _trained(counter, tiny_reader, cache_dir=str(tmp_path / "emb"))
     try:
         rep = comp.index(PASSAGES)
         assert (rep.method, rep.passages, rep.computed, rep.cached, rep.skipped) == ("sentinel", 3, 3, 0, 0)
-        cache = tiny_probe.embed_cache
+        cache = tiny_reader.embed_cache
         hits, misses = cache.hits, cache.misses
         got = comp.compress(q, PASSAGES, budget)
         assert (cache.hits - hits, cache.misses - misses) == (3, 0)  # every passage read, none embedded
         rep = comp.index([*PASSAGES, PASSAGES[0], Passage(title="New", text="A passage the corpus gained later.")])
         assert (rep.passages, rep.computed, rep.cached, rep.duplicates, rep.skipped) == (5, 1, 3, 1, 0)
     finally:
-        tiny_probe.embed_cache_dir = None
+        tiny_reader.embed_cache_dir = None
     assert [(p.index, p.text) for p in got.passages] == [(p.index, p.text) for p in plain.passages]
     with pytest.raises(ConfigError, match="sentinel has no cache_dir: set cache_dir"):
-        _trained(counter, tiny_probe).index(PASSAGES)
+        _trained(counter, tiny_reader).index(PASSAGES)
     with pytest.raises(ConfigError, match="'bm25' keeps no per-passage cache"):
         get_compressor("bm25", counter=counter).index(PASSAGES)
     with pytest.raises(ConfigError, match="use no sentence embeddings"):
-        _trained(counter, tiny_probe, layout=V1_LAYOUT, cache_dir=str(tmp_path / "v1")).index(PASSAGES)
-    tiny_probe.embed_cache_dir = None
+        _trained(counter, tiny_reader, layout=V1_LAYOUT, cache_dir=str(tmp_path / "v1")).index(PASSAGES)
+    tiny_reader.embed_cache_dir = None
 
 
-def test_cli_index_then_compress_reads_the_cache(counter, tiny_probe, tiny_model_dir, tmp_path, capsys):
+def test_cli_index_then_compress_reads_the_cache(counter, tiny_reader, tiny_model_dir, tmp_path, capsys):
     """`ragpress index` fills a method's cache from a JSONL of passages; a second run finds them all cached; a
     method without a cache and a malformed line are refused with the fix."""
     from serving.cli import main
 
-    art = _trained(counter, tiny_probe).save_pretrained(tmp_path / "art", training={"data": "unit test"})
+    art = _trained(counter, tiny_reader).save_pretrained(tmp_path / "art", training={"data": "unit test"})
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("\n".join(json.dumps(p) for p in [{"title": p.title, "text": p.text} for p in PASSAGES]
                                  + ["An untitled passage. With two sentences."]) + "\n\n")
@@ -143,14 +143,14 @@ def test_cli_index_then_compress_reads_the_cache(counter, tiny_probe, tiny_model
     assert main(args) == 0
     again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (again["computed"], again["cached"]) == (0, 4)
-    with pytest.raises(SystemExit, match="bm25 keeps no per-passage cache"):
-        main(["index", "--method", "bm25", "--passages", str(corpus), "--cache-dir", str(tmp_path / "x")])
+    assert main(["index", "--method", "bm25", "--passages", str(corpus), "--cache-dir", str(tmp_path / "x")]) == 2
+    assert "bm25 keeps no per-passage cache" in capsys.readouterr().err
     corpus.write_text('"fine"\n{"title": "broken"\n')
-    with pytest.raises(SystemExit, match="line 2 is not JSON"):
-        main(args)
+    assert main(args) == 2
+    assert capsys.readouterr().err.startswith(f"ragpress: error: {corpus}:2: not JSON")
 
 
-def test_passage_link_scalars(tiny_probe):
+def test_passage_link_scalars(tiny_reader):
     """A passage named by a question-relevant passage (the second hop of a bridge question) gets ``link_in``; the
     sentence naming it gets ``link_out``; titles match as whole words, without a trailing qualifier."""
     ps = [Passage(title="Ed Wood (film)", text="Ed Wood is a 1994 film by Tim Burton. It stars Johnny Depp."),
@@ -158,7 +158,7 @@ def test_passage_link_scalars(tiny_probe):
           Passage(title="Tim", text="Timothy is a name."),
           Passage(title="", text="Nothing here names Johnny Depp.")]
     q = "Where was the star of the 1994 film Ed Wood born?"
-    f = tiny_probe.features(q, ps, _spans(ps))
+    f = tiny_reader.features(q, ps, _spans(ps))
     ex = dict(zip(DEFAULT_LAYOUT.extra, f.x[:, -len(DEFAULT_LAYOUT.extra):].T))
     bm = ex["bm25_z"]  # sentences: Ed Wood x2, Johnny Depp x2, Tim x1, untitled x1
     best = [bm[0:2].max()] * 2 + [bm[2:4].max()] * 2 + [bm[4]] + [bm[5]]
@@ -170,21 +170,21 @@ def test_passage_link_scalars(tiny_probe):
     np.testing.assert_allclose(ex["log1p_mentions"], np.log1p([0, 0, 2, 2, 1, 0]), rtol=1e-6)
 
 
-def test_sentence_embedding_cache(tiny_probe, tmp_path):
+def test_sentence_embedding_cache(tiny_reader, tmp_path):
     """With a cache folder the embed_* features are unchanged; a passage's sentences are embedded once."""
     q = "What is the capital of France?"
-    plain = tiny_probe.features(q, PASSAGES, _spans(PASSAGES)).x
-    tiny_probe.embed_cache_dir = str(tmp_path)
+    plain = tiny_reader.features(q, PASSAGES, _spans(PASSAGES)).x
+    tiny_reader.embed_cache_dir = str(tmp_path)
     try:
-        first = tiny_probe.features(q, PASSAGES, _spans(PASSAGES)).x
-        cache = tiny_probe.embed_cache
+        first = tiny_reader.features(q, PASSAGES, _spans(PASSAGES)).x
+        cache = tiny_reader.embed_cache
         assert (cache.hits, cache.misses) == (0, 3) and len(list(tmp_path.rglob("*.safetensors"))) == 3
-        again = tiny_probe.features("Which city has the Louvre?", PASSAGES, _spans(PASSAGES)).x
+        again = tiny_reader.features("Which city has the Louvre?", PASSAGES, _spans(PASSAGES)).x
         assert (cache.hits, cache.misses) == (3, 3)
     finally:
-        tiny_probe.embed_cache_dir, tiny_probe._embed_cache = None, None
+        tiny_reader.embed_cache_dir, tiny_reader._embed_cache = None, None
     np.testing.assert_allclose(first, plain, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(again, tiny_probe.features("Which city has the Louvre?", PASSAGES,
+    np.testing.assert_allclose(again, tiny_reader.features("Which city has the Louvre?", PASSAGES,
                                                           _spans(PASSAGES)).x, rtol=1e-4, atol=1e-4)
 
 
@@ -195,21 +195,21 @@ def test_layout_names_are_validated():
         FeatureLayout((), ("bm25_z", "bm25_z"))
 
 
-def test_early_exit_runs_fewer_layers(tiny_probe):
+def test_early_exit_runs_fewer_layers(tiny_reader):
     calls = []
-    hooks = [layer.register_forward_hook(lambda *a: calls.append(1)) for layer in tiny_probe.model.model.layers]
+    hooks = [layer.register_forward_hook(lambda *a: calls.append(1)) for layer in tiny_reader.model.model.layers]
     try:
-        f1 = tiny_probe.features("q?", PASSAGES, _spans(PASSAGES), layers=1)
+        f1 = tiny_reader.features("q?", PASSAGES, _spans(PASSAGES), layers=1)
     finally:
         for h in hooks:
             h.remove()
     assert len(calls) == 0  # layer 0 raised inside attention: its decoder layer never finished
-    full = tiny_probe.features("q?", PASSAGES, _spans(PASSAGES))
+    full = tiny_reader.features("q?", PASSAGES, _spans(PASSAGES))
     np.testing.assert_allclose(full.x[:, select_columns(DEFAULT_LAYOUT, 2, DEFAULT_LAYOUT, 1, 4)], f1.x, rtol=1e-5,
                                atol=1e-7)
 
 
-def test_capture_is_linear_in_length(tiny_probe):
+def test_capture_is_linear_in_length(tiny_reader):
     """Rows are [heads, L] per layer; a [heads, L, L] map is never kept."""
     from compressor.sentinel import probe as P
 
@@ -222,7 +222,7 @@ def test_capture_is_linear_in_length(tiny_probe):
 
     P._Capture.__init__ = spy
     try:
-        f = tiny_probe.features("q?", PASSAGES, _spans(PASSAGES))
+        f = tiny_reader.features("q?", PASSAGES, _spans(PASSAGES))
     finally:
         P._Capture.__init__ = orig
     assert all(tuple(r.shape) == (4, f.prompt_tokens) for rows in seen[0].rows.values() for r in rows)
@@ -233,35 +233,35 @@ LONG = [Passage(title=f"Town {k}", text=" ".join(f"Town {k} fact {j} is about th
 LONG.insert(3, Passage(title="Big", text=" ".join(f"Big sentence {j} tells of the harbour." for j in range(30))))
 
 
-def _assert_windows_cover_and_fit(probe, q, passages, spans, wins, limit):
+def _assert_windows_cover_and_fit(reader, q, passages, spans, wins, limit):
     """Every sentence is read once, in order, and every window's prompt is within ``limit`` tokens."""
     flat = [(i, j) for w in wins for i, a, b in w for j in range(a, b)]
     assert flat == [(i, j) for i, sp in enumerate(spans) for j in range(len(sp))]
     for w in wins:
-        ps, sp = AttentionProbe._window(passages, spans, w)
-        assert probe._n_tokens(probe._prompt(q, ps, sp)[0]) <= limit
+        ps, sp = AttentionReader._window(passages, spans, w)
+        assert reader._n_tokens(reader._prompt(q, ps, sp)[0]) <= limit
 
 
-def test_long_context_is_read_in_windows(tiny_probe, monkeypatch):
+def test_long_context_is_read_in_windows(tiny_reader, monkeypatch):
     """Over max_context_tokens the proxy reads consecutive windows of whole passages (a passage too long to fit
     alone, in runs of its sentences), each prompt within the limit; every sentence gets one row, in order, and
     the scalars are the whole context's."""
     q = "Which town has the old mill?"
     spans = _spans(LONG)
-    whole = tiny_probe.features(q, LONG, spans)
-    assert tiny_probe.windows(q, LONG, spans) == [[(i, 0, len(sp)) for i, sp in enumerate(spans)]]
+    whole = tiny_reader.features(q, LONG, spans)
+    assert tiny_reader.windows(q, LONG, spans) == [[(i, 0, len(sp)) for i, sp in enumerate(spans)]]
     limit = 200
     assert whole.prompt_tokens > 3 * limit
-    monkeypatch.setattr(tiny_probe, "max_context_tokens", limit)
-    wins = tiny_probe.windows(q, LONG, spans)
+    monkeypatch.setattr(tiny_reader, "max_context_tokens", limit)
+    wins = tiny_reader.windows(q, LONG, spans)
     assert len(wins) > 3
-    _assert_windows_cover_and_fit(tiny_probe, q, LONG, spans, wins, limit)
+    _assert_windows_cover_and_fit(tiny_reader, q, LONG, spans, wins, limit)
     pieces = [piece for w in wins for piece in w]
     assert len([p for p in pieces if p[0] == 3]) > 1  # the long passage is split into sentence runs
     assert all(b - a == len(spans[i]) for i, a, b in pieces if i != 3)  # the others stay whole
     assert any(len(w) > 1 for w in wins)  # and are packed several to a window
     with pytest.warns(RuntimeWarning, match="holds only one passage"):  # the long passage's runs, read alone
-        got = tiny_probe.features(q, LONG, spans)
+        got = tiny_reader.features(q, LONG, spans)
     assert got.x.shape == whole.x.shape and np.isfinite(got.x).all()
     assert got.prompt_tokens > whole.prompt_tokens  # the question is read once per window
     width = len(DEFAULT_LAYOUT.extra)
@@ -271,71 +271,71 @@ def test_long_context_is_read_in_windows(tiny_probe, monkeypatch):
     att = len(DEFAULT_LAYOUT.pooling) * 2 * 4
     row = 0
     for w in wins:
-        ps, sp = tiny_probe._window(LONG, spans, w)
-        alone = tiny_probe.features(q, ps, sp)
+        ps, sp = tiny_reader._window(LONG, spans, w)
+        alone = tiny_reader.features(q, ps, sp)
         assert len(alone.x) == sum(b - a for _, a, b in w)
         np.testing.assert_allclose(got.x[row: row + len(alone.x), :att], alone.x[:, :att], rtol=1e-4, atol=1e-4)
         row += len(alone.x)
     assert row == len(got.x)
 
 
-def test_windows_packed_too_full_are_split_by_the_exact_count(tiny_probe, monkeypatch):
+def test_windows_packed_too_full_are_split_by_the_exact_count(tiny_reader, monkeypatch):
     """The packing estimates; when it over-packs (here: a negative join margin), the exact count splits windows
     of several passages and runs of one passage's sentences until each fits."""
     q = "Which town has the old mill?"
     spans = _spans(LONG)
     limit = 200
-    monkeypatch.setattr(tiny_probe, "max_context_tokens", limit)
-    planned = tiny_probe.windows(q, LONG, spans)
+    monkeypatch.setattr(tiny_reader, "max_context_tokens", limit)
+    planned = tiny_reader.windows(q, LONG, spans)
     tried = []
-    orig = tiny_probe._window
-    monkeypatch.setattr(tiny_probe, "_window", lambda ps, sp, w: (tried.append(list(w)), orig(ps, sp, w))[1])
-    monkeypatch.setattr(tiny_probe, "join_margin", -60)
-    wins = tiny_probe.windows(q, LONG, spans)
-    _assert_windows_cover_and_fit(tiny_probe, q, LONG, spans, wins, limit)
+    orig = tiny_reader._window
+    monkeypatch.setattr(tiny_reader, "_window", lambda ps, sp, w: (tried.append(list(w)), orig(ps, sp, w))[1])
+    monkeypatch.setattr(tiny_reader, "join_margin", -60)
+    wins = tiny_reader.windows(q, LONG, spans)
+    _assert_windows_cover_and_fit(tiny_reader, q, LONG, spans, wins, limit)
     rejected = [w for w in tried if w not in wins]
     assert any(len(w) > 1 for w in rejected)  # a window of several pieces was halved
     assert any(len(w) == 1 and w[0][0] == 3 for w in rejected)  # a run of the long passage was halved
     assert wins != planned
 
 
-def test_sentence_too_long_for_a_window_is_refused(tiny_probe, monkeypatch):
+def test_sentence_too_long_for_a_window_is_refused(tiny_reader, monkeypatch):
     """Only a sentence that cannot fit with the question is refused, named by passage and index; a context of
     short sentences at the same limit is read in windows."""
-    monkeypatch.setattr(tiny_probe, "max_context_tokens", 80)
+    monkeypatch.setattr(tiny_reader, "max_context_tokens", 80)
     short = [Passage(title="Small", text="A short one. Another short one."), Passage(title="Also", text="Fine.")]
     short = short + [Passage(title=f"P{k}", text="Word word word. " * 3) for k in range(4)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        assert tiny_probe.features("q?", short, _spans(short)).x.shape[0] == sum(len(sp) for sp in _spans(short))
+        assert tiny_reader.features("q?", short, _spans(short)).x.shape[0] == sum(len(sp) for sp in _spans(short))
     ps = [Passage(title="Ok", text="Short."), Passage(title="Huge", text="Fine here. " + "word " * 80 + "end.")]
     with pytest.raises(InputError, match="sentence 1 of passage 1 \\('Huge'\\).*max_context_tokens=80"):
-        tiny_probe.features("q?", ps, _spans(ps))
+        tiny_reader.features("q?", ps, _spans(ps))
 
 
-def test_question_leaving_no_room_is_refused_as_such(tiny_probe, monkeypatch):
-    monkeypatch.setattr(tiny_probe, "max_context_tokens", 40)
+def test_question_leaving_no_room_is_refused_as_such(tiny_reader, monkeypatch):
+    monkeypatch.setattr(tiny_reader, "max_context_tokens", 40)
     ps = [Passage(title="Tiny", text="end.")]
     with pytest.raises(InputError, match="the question .* leaving no room .*max_context_tokens=40"):
-        tiny_probe.features("q?", ps, _spans(ps))
+        tiny_reader.features("q?", ps, _spans(ps))
 
 
-def test_a_window_of_one_sentence_warns(tiny_probe, monkeypatch):
+def test_a_window_of_one_sentence_warns(tiny_reader, monkeypatch):
     ps = [Passage(title=f"P{k}", text=f"Fact {k} is long enough to need a window of its own here.") for k in range(3)]
     q = "q?"
-    one = tiny_probe._n_tokens(tiny_probe._prompt(q, ps[:1], _spans(ps[:1]))[0])
-    monkeypatch.setattr(tiny_probe, "max_context_tokens", one + 2)
-    assert len(tiny_probe.windows(q, ps, _spans(ps))) == 3
+    one = tiny_reader._n_tokens(tiny_reader._prompt(q, ps[:1], _spans(ps[:1]))[0])
+    monkeypatch.setattr(tiny_reader, "max_context_tokens", one + 2)
+    assert len(tiny_reader.windows(q, ps, _spans(ps))) == 3
     with pytest.warns(RuntimeWarning, match="holds only one sentence"):
-        f = tiny_probe.features(q, ps, _spans(ps))
+        f = tiny_reader.features(q, ps, _spans(ps))
     att = len(DEFAULT_LAYOUT.pooling) * 2 * 4
     assert np.all(f.x[:, :att] == 0)  # no contrast within a one-sentence window
 
 
-def test_compressor_refuses_a_reader_built_for_another_limit(tiny_probe, monkeypatch, counter):
-    monkeypatch.setattr(tiny_probe, "max_context_tokens", 1000)
+def test_compressor_refuses_a_reader_built_for_another_limit(tiny_reader, monkeypatch, counter):
+    monkeypatch.setattr(tiny_reader, "max_context_tokens", 1000)
     with pytest.raises(ConfigError, match="max_context_tokens=1000 but the config names max_context_tokens=8192"):
-        _trained(counter, tiny_probe)
+        _trained(counter, tiny_reader)
 
 
 def test_works_on_gemma3_architecture(smol_tokenizer, tmp_path):
@@ -347,14 +347,14 @@ def test_works_on_gemma3_architecture(smol_tokenizer, tmp_path):
                            max_position_embeddings=4096)
     Gemma3ForCausalLM(cfg).save_pretrained(tmp_path)
     smol_tokenizer.save_pretrained(tmp_path)
-    probe = AttentionProbe.load(str(tmp_path), dtype="float32")
-    f = probe.features("What is the capital of France?", PASSAGES, _spans(PASSAGES))
+    reader = AttentionReader.load(str(tmp_path), dtype="float32")
+    f = reader.features("What is the capital of France?", PASSAGES, _spans(PASSAGES))
     assert f.x.shape[1] == 4 * 3 * 4 + 13 == DEFAULT_LAYOUT.width(3, 4) and np.isfinite(f.x).all()
     # sliding-window layers are masked like the model masks them: features match eager attention
-    text, ranges, (qa, qb), _ = probe._prompt("What is the capital of France?", PASSAGES, _spans(PASSAGES))
-    enc = probe.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    last = list(range(len(enc["input_ids"]) - probe.m, len(enc["input_ids"])))
-    rows = _eager_rows(probe.model, enc["input_ids"], last)
+    text, ranges, (qa, qb), _ = reader._prompt("What is the capital of France?", PASSAGES, _spans(PASSAGES))
+    enc = reader.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    last = list(range(len(enc["input_ids"]) - reader.m, len(enc["input_ids"])))
+    rows = _eager_rows(reader.model, enc["input_ids"], last)
     means = []
     for a, b in ranges:
         toks = [i for i, (s, e) in enumerate(enc["offset_mapping"]) if e > a and s < b]
@@ -363,18 +363,18 @@ def test_works_on_gemma3_architecture(smol_tokenizer, tmp_path):
     np.testing.assert_allclose(f.x[:, 12:24], (logm - logm.mean(0)) / (logm.std(0) + 1e-6), rtol=1e-3, atol=1e-3)
 
 
-def _trained(counter, tiny_probe, layout=DEFAULT_LAYOUT, **options):
+def _trained(counter, tiny_reader, layout=DEFAULT_LAYOUT, **options):
     rng = np.random.default_rng(0)
     width = layout.width(2, 4)
     probe = SentinelProbe(rng.normal(size=width), np.abs(rng.normal(size=width)) + 0.1, rng.normal(size=width), 0.1)
-    return SentinelCompressor(counter, SentinelConfig(proxy=str(tiny_probe.model.name_or_path), dtype="float32",
-                                                      **options), probe, tiny_probe, layout=layout)
+    return SentinelCompressor(counter, SentinelConfig(proxy=str(tiny_reader.model.name_or_path), dtype="float32",
+                                                      **options), probe, tiny_reader, layout=layout)
 
 
 @pytest.mark.parametrize("options", [{}, {"complete_links": True, "min_score": 0.0}])
 @pytest.mark.parametrize("budget", [Budget(ratio=2), Budget(ratio=5), Budget(target_tokens=10)])
-def test_budget_order_and_spans(counter, tiny_probe, budget, options):
-    comp = _trained(counter, tiny_probe, **options)
+def test_budget_order_and_spans(counter, tiny_reader, budget, options):
+    comp = _trained(counter, tiny_reader, **options)
     ctx = comp.compress("What is the capital of France?", PASSAGES, budget)
     assert ctx.tokens_out <= budget.max_tokens(ctx.tokens_in)
     assert [p.index for p in ctx.passages] == sorted(p.index for p in ctx.passages)
@@ -383,7 +383,7 @@ def test_budget_order_and_spans(counter, tiny_probe, budget, options):
         assert len(cp.scores) == len(cp.sentence_ids)
 
 
-def test_complete_links_keeps_the_named_passages(counter, tiny_probe):
+def test_complete_links_keeps_the_named_passages(counter, tiny_reader):
     """With ``complete_links`` and a cut that keeps only the best sentence, the passages that sentence names come
     with it (every sentence here names another passage)."""
     from compressor.filters import passage_links
@@ -391,7 +391,7 @@ def test_complete_links_keeps_the_named_passages(counter, tiny_probe):
     passages = [Passage(title="Sam Cataldo", text="He lives near Rinconada. His district holds New Durham."),
                 Passage(title="New Durham", text="It is a town near Rinconada. Sam Cataldo represents it."),
                 Passage(title="Rinconada", text="It is near New Durham, population 2,489. Sam Cataldo visited it.")]
-    comp = _trained(counter, tiny_probe, complete_links=True, min_score=1e9)
+    comp = _trained(counter, tiny_reader, complete_links=True, min_score=1e9)
     q = "What is the population of the town Sam Cataldo represents?"
     sents = comp.sentences(passages)
     best = int(np.argmax(comp.score_sentences(q, passages, sents)))
@@ -401,12 +401,12 @@ def test_complete_links_keeps_the_named_passages(counter, tiny_probe):
     assert ctx.tokens_out <= Budget(ratio=1.01).max_tokens(ctx.tokens_in)
 
 
-def test_artifact_round_trip_and_mismatch(counter, tiny_probe, tmp_path, smol_tokenizer):
-    comp = _trained(counter, tiny_probe)
+def test_artifact_round_trip_and_mismatch(counter, tiny_reader, tmp_path, smol_tokenizer):
+    comp = _trained(counter, tiny_reader)
     path = comp.save_pretrained(tmp_path / "art", training={"data": "unit test"}, scores={"val_auc": 0.5})
     cfg = json.loads((path / "compressor_config.json").read_text())
     assert cfg["type"] == "sentinel" and len(cfg["proxy"]["sha256"]) == 64 and cfg["scores"]["val_auc"] == 0.5
-    again = SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_probe)
+    again = SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_reader)
     a = comp.compress("capital of France?", PASSAGES, Budget(ratio=2))
     b = again.compress("capital of France?", PASSAGES, Budget(ratio=2))
     assert a.text == b.text
@@ -414,49 +414,49 @@ def test_artifact_round_trip_and_mismatch(counter, tiny_probe, tmp_path, smol_to
     assert flat(a) == pytest.approx(flat(b), rel=1e-5)
     assert again.layout == DEFAULT_LAYOUT and cfg["features"]["n_features"] == DEFAULT_LAYOUT.width(2, 4)
     with pytest.raises(ConfigError, match="fixed by the trained probe"):
-        SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_probe, layers=1)
+        SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_reader, layers=1)
     # the embedder of the embed_* features is recorded by hash and checked like the proxy
     assert cfg["embedder"]["id"] == "minilm-l6" and len(cfg["embedder"]["sha256"]) == 64
     (path / "compressor_config.json").write_text(json.dumps({**cfg, "embedder": {"id": "minilm-l6", "sha256": "0" * 64}}))
     with pytest.raises(BaseModelMismatchError, match="trained with embedder 'minilm-l6'"):
-        SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_probe)
+        SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_reader)
     (path / "compressor_config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match="embeds with 'minilm-l6' but the config names embedder='other'"):
-        SentinelCompressor(counter, comp.config.model_copy(update={"embedder": "other"}), comp.probe, tiny_probe)
+        SentinelCompressor(counter, comp.config.model_copy(update={"embedder": "other"}), comp.probe, tiny_reader)
     other = tmp_path / "other-proxy"
     make_tiny_llama(len(smol_tokenizer), seed=1).save_pretrained(other)
     with pytest.raises(BaseModelMismatchError, match="trained with proxy"):
         SentinelCompressor.from_pretrained(path, counter, proxy=str(other))
 
 
-def test_format1_artifact_reads_with_its_layout(counter, tiny_probe, tmp_path):
+def test_format1_artifact_reads_with_its_layout(counter, tiny_reader, tmp_path):
     """A probe saved before layouts were named (format 1, sentence attention only) still loads and scores."""
-    comp = _trained(counter, tiny_probe, layout=V1_LAYOUT)
+    comp = _trained(counter, tiny_reader, layout=V1_LAYOUT)
     path = comp.save_pretrained(tmp_path / "v1", training={}, scores={})
     cfg = json.loads((path / "compressor_config.json").read_text())
     assert cfg["features"]["pooling"] == ["question:zlogmean", "final:zlogmean"]
     (path / "compressor_config.json").write_text(json.dumps({**cfg, "format_version": 1}))
-    again = SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_probe)
+    again = SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_reader)
     assert again.layout == V1_LAYOUT
     assert again.compress("capital?", PASSAGES, Budget(ratio=2)).text == comp.compress("capital?", PASSAGES,
                                                                                          Budget(ratio=2)).text
     with pytest.raises(ConfigError, match="the probe has 18 weights but the feature layout"):
-        SentinelCompressor(counter, comp.config, comp.probe, tiny_probe, layout=DEFAULT_LAYOUT)
+        SentinelCompressor(counter, comp.config, comp.probe, tiny_reader, layout=DEFAULT_LAYOUT)
 
 
-def test_corrupt_and_future_artifacts_refused(counter, tiny_probe, tmp_path):
-    path = _trained(counter, tiny_probe).save_pretrained(tmp_path / "art", training={}, scores={})
+def test_corrupt_and_future_artifacts_refused(counter, tiny_reader, tmp_path):
+    path = _trained(counter, tiny_reader).save_pretrained(tmp_path / "art", training={}, scores={})
     cfg = json.loads((path / "compressor_config.json").read_text())
     (path / "compressor_config.json").write_text(json.dumps({**cfg, "format_version": 99}))
     with pytest.raises(ArtifactError, match="newer than this ragpress"):
-        SentinelCompressor.from_pretrained(path, counter, proxy=cfg["proxy"]["id"], attention=tiny_probe)
+        SentinelCompressor.from_pretrained(path, counter, proxy=cfg["proxy"]["id"], attention=tiny_reader)
     (path / "compressor_config.json").write_text(json.dumps(cfg))
     (path / "model.safetensors").write_bytes(b"garbage")
     with pytest.raises(ArtifactError, match="corrupt"):
-        SentinelCompressor.from_pretrained(path, counter, proxy=cfg["proxy"]["id"], attention=tiny_probe)
+        SentinelCompressor.from_pretrained(path, counter, proxy=cfg["proxy"]["id"], attention=tiny_reader)
     (path / "evil.pkl").write_bytes(b"x")
     with pytest.raises(ArtifactError, match="pickle"):
-        SentinelCompressor.from_pretrained(path, counter, proxy=cfg["proxy"]["id"], attention=tiny_probe)
+        SentinelCompressor.from_pretrained(path, counter, proxy=cfg["proxy"]["id"], attention=tiny_reader)
 
 
 BRIDGE = [
@@ -533,12 +533,12 @@ def _reranker(seed=0):
     return HopReranker(SentinelProbe(rng.normal(size=n), np.abs(rng.normal(size=n)) + 0.1, rng.normal(size=n), 0.0))
 
 
-def test_two_stage_artifact_round_trip_and_checks(counter, tiny_probe, tmp_path):
+def test_two_stage_artifact_round_trip_and_checks(counter, tiny_reader, tmp_path):
     from compressor.sentinel.rerank import HopReranker
 
-    first = _trained(counter, tiny_probe)
+    first = _trained(counter, tiny_reader)
     comp = SentinelCompressor(counter, first.config.model_copy(update={"complete_links": True}), first.probe,
-                              tiny_probe, reranker=_reranker())
+                              tiny_reader, reranker=_reranker())
     q = "What is the population of the town Sam Cataldo represents?"
     sents = comp.sentences(BRIDGE)
     s1, s2 = first.score_sentences(q, BRIDGE, sents), comp.score_sentences(q, BRIDGE, sents)
@@ -546,30 +546,30 @@ def test_two_stage_artifact_round_trip_and_checks(counter, tiny_probe, tmp_path)
     path = comp.save_pretrained(tmp_path / "two", training={}, scores={})
     cfg = json.loads((path / "compressor_config.json").read_text())
     assert cfg["format_version"] == FORMAT_VERSION and cfg["rerank"]["top_k"] == 2
-    again = SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_probe)
+    again = SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_reader)
     assert again.reranker is not None and again.config.complete_links
     # a format-5 artifact (no complete_links in its config) loads with the selection it was made for
     (path / "compressor_config.json").write_text(json.dumps(
         {**cfg, "format_version": 5, "config": {k: v for k, v in cfg["config"].items() if k != "complete_links"}}))
     assert not SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy,
-                                                  attention=tiny_probe).config.complete_links
+                                                  attention=tiny_reader).config.complete_links
     (path / "compressor_config.json").write_text(json.dumps(cfg))
     np.testing.assert_allclose(again.score_sentences(q, BRIDGE, sents), s2, rtol=1e-5)
     budget = Budget(ratio=2)
     assert again.compress(q, BRIDGE, budget).tokens_out <= budget.max_tokens(again.compress(q, BRIDGE, budget).tokens_in)
     # a one-stage artifact loads without a reranker; tensors and manifest must agree
     assert SentinelCompressor.from_pretrained(first.save_pretrained(tmp_path / "one"), counter,
-                                              proxy=comp.config.proxy, attention=tiny_probe).reranker is None
+                                              proxy=comp.config.proxy, attention=tiny_reader).reranker is None
     (path / "compressor_config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "rerank"}))
     with pytest.raises(ArtifactError, match=r"unexpected tensors \['rerank.coef'"):
-        SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_probe)
+        SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_reader)
     (path / "compressor_config.json").write_text(json.dumps({**cfg, "rerank": {"features": ["score"], "top_k": 2}}))
     with pytest.raises(ArtifactError, match="retrain with `ragpress train sentinel`"):
-        SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_probe)
+        SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_reader)
     for bad in (0, True, "2"):
         (path / "compressor_config.json").write_text(json.dumps({**cfg, "rerank": {**cfg["rerank"], "top_k": bad}}))
         with pytest.raises(ArtifactError, match="integer rerank.top_k >= 1"):
-            SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_probe)
+            SentinelCompressor.from_pretrained(path, counter, proxy=comp.config.proxy, attention=tiny_reader)
     with pytest.raises(ConfigError, match="the reranker's classifier has 3 weights"):
         HopReranker(SentinelProbe(np.zeros(3), np.ones(3), np.zeros(3), 0.0))
     with pytest.raises(ConfigError, match="top_k=0"):

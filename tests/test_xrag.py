@@ -64,8 +64,9 @@ def test_config_validates_and_imports_no_torch():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
-def test_registered_only_with_a_shipped_bridge():
-    assert ("xrag" in available_compressors()) == SHIPPED_ARTIFACT.is_dir()
+def test_always_registered_and_says_whether_the_bridge_ships():
+    spec = available_compressors()["xrag"]
+    assert spec.artifact == SHIPPED_ARTIFACT and spec.shipped == SHIPPED_ARTIFACT.is_dir()
 
 
 def test_bridge_shapes_and_norm_calibration(tiny_model):

@@ -18,7 +18,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from compressor.errors import InputError
 from compressor.prompt import Prompt, PromptBuilder, PromptTemplate
 
 __all__ = ["GenerationParams", "Generation", "DecoderBackend"]

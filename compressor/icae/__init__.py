@@ -1,9 +1,10 @@
 """The ``icae`` family: memory slots from a LoRA-adapted copy of the decoder (see :mod:`.model`).
 
-Registered as ``icae`` only when a trained encoder ships at ``compressor/artifacts/icae-smollm2-135m/``:
-untrained weights are never offered as a compressor. Without it, ``ragpress eval --method icae --artifact
-DIR`` (or :func:`load_icae`) still loads an encoder you trained, or an untrained control made with
-``ragpress train icae --stage1-steps 0 --stage2-steps 0``.
+Always registered as ``icae``; built without ``artifact`` it loads the trained encoder shipped at
+``compressor/artifacts/icae-smollm2-135m/`` (and refuses untrained weights there), and where none ships it
+raises :class:`~compressor.errors.ArtifactError` naming the fix. ``ragpress eval --method icae --artifact DIR``
+(or :func:`load_icae`) loads an encoder you trained, or an untrained control made with ``ragpress train icae
+--stage1-steps 0 --stage2-steps 0``.
 
 Importing this package does not import torch: the torch-backed names load on first use.
 """
@@ -35,7 +36,6 @@ def _make(counter: TokenCounter, artifact: str | None = None, **options: Any) ->
     return load_icae(counter, artifact, **options)
 
 
-if SHIPPED_ARTIFACT.is_dir():
-    register_compressor("icae", _make, kind="soft",
-                        description="ICAE memory slots: LoRA encoder, 4x per 64-token segment (trained)",
-                        fixed_ratio=True, cacheable=True)
+register_compressor("icae", _make, kind="soft",
+                    description="ICAE memory slots: LoRA encoder, 4x per 64-token segment (trained)",
+                    fixed_ratio=True, cacheable=True, artifact=SHIPPED_ARTIFACT)

@@ -13,7 +13,7 @@ from ..train_config import StagedTrainConfig
 __all__ = ["ICAEConfig", "ICAETrainConfig", "FORMAT_VERSION", "SHIPPED_ARTIFACT"]
 
 FORMAT_VERSION = 1
-# The shipped encoder; ``icae`` is registered only when this folder exists.
+# The shipped encoder: ``icae`` builds from it when no artifact is given.
 SHIPPED_ARTIFACT = Path(__file__).resolve().parents[1] / "artifacts" / "icae-smollm2-135m"
 
 

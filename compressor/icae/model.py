@@ -33,7 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..artifacts import check_base_model, read_artifact, write_artifact
+from .._version import __version__
+from ..artifacts import read_artifact, resolve_base_model, write_artifact
 from ..base import Budget, CompressedPassage, Compressor, Passage, TokenCounter
 from ..cache import TensorCache
 from ..errors import ArtifactError, ConfigError, InputError
@@ -252,6 +253,10 @@ class ICAECompressor(Compressor):
             self.passage_slots([p.text for p in passages[i:i + step]])
         return self.encoded_passages - before, self.cache.hits - hits
 
+    def run_stats(self) -> dict[str, Any]:
+        return {"trained": self.trained, "encoded_passages": self.encoded_passages,
+                "slot_cache_hits": self.cache.hits if self.cache else None}
+
     def _compress(self, query: str, passages: list[Passage], budget: Budget) -> list[CompressedPassage]:
         n_in = [len(self._tokens(p.text)) for p in passages]
         n_out = [self.config.rows_for(n) for n in n_in]
@@ -285,7 +290,6 @@ class ICAECompressor(Compressor):
     def save_pretrained(self, directory: str | Path, trained: bool, training: dict[str, Any] | None = None,
                         scores: dict[str, Any] | None = None) -> Path:
         """Write the adapter and rows as a self-describing artifact. ``trained`` False marks a control."""
-        from .. import __version__
         from ..models import model_fingerprint, model_id
 
         cfg = {
@@ -309,17 +313,13 @@ class ICAECompressor(Compressor):
                         allow_untrained: bool = False, dtype: str = "bfloat16", **overrides: Any) -> ICAECompressor:
         """Load an encoder. ``base`` defaults to the named model it was trained on; a model with other weights
         (by sha256) is refused. An untrained control needs ``allow_untrained=True``."""
-        from ..models import NAMED_MODELS, load_causal_lm, model_fingerprint
+        from ..models import load_causal_lm
 
         cfg, t = read_artifact(directory, "icae", FORMAT_VERSION)
         if not cfg.get("trained") and not allow_untrained:
             raise ArtifactError(f"artifact {directory} holds an untrained encoder (a control, \"trained\": false); "
                                 "load it explicitly (`--artifact PATH`, allow_untrained=True) or train one")
-        trained_id = (cfg.get("base") or {}).get("id")
-        name = base or (trained_id if trained_id in NAMED_MODELS else None)
-        if name is None:
-            raise ConfigError(f"artifact {directory} was trained on a local base folder {trained_id!r}: pass base=PATH")
-        check_base_model(cfg, "base", name, model_fingerprint(name))
+        name = resolve_base_model(cfg, "base", base, directory=directory)
         fixed = set(cfg["config"]) & set(overrides)
         if fixed:
             raise ConfigError(f"{sorted(fixed)} are fixed by the trained encoder; retrain to change them")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..base import TokenCounter
+from ..errors import ArtifactError
 from ..registry import register_compressor
 from .config import SentinelConfig
 from .model import SHIPPED_ARTIFACT, SentinelCompressor, SentinelProbe
@@ -11,10 +12,12 @@ __all__ = ["SentinelConfig", "SentinelCompressor", "SentinelProbe", "SHIPPED_ART
 
 
 def _make(counter: TokenCounter, artifact: str | None = None, **options) -> SentinelCompressor:
+    if artifact is None and not (SHIPPED_ARTIFACT / "compressor_config.json").is_file():
+        raise ArtifactError(f"no shipped sentinel probe at {SHIPPED_ARTIFACT}; train one with `ragpress train "
+                            "sentinel --out DIR` and pass `--artifact DIR`")
     return SentinelCompressor.from_pretrained(artifact or SHIPPED_ARTIFACT, counter, **options)
 
 
-# Registered only when the trained probe ships: untrained weights are never presented as a compressor.
-if (SHIPPED_ARTIFACT / "compressor_config.json").exists():
-    register_compressor("sentinel", _make, kind="text",
-                        description="attention probe on a proxy LLM (trained, shipped artifact)", cacheable=True)
+# Always registered; without its trained probe it refuses to build (untrained weights are never a compressor).
+register_compressor("sentinel", _make, kind="text", description="attention probe on a proxy LLM (trained)",
+                    cacheable=True, artifact=SHIPPED_ARTIFACT)

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ..artifacts import check_base_model, read_artifact, write_artifact
+from .._version import __version__
+from ..artifacts import read_artifact, resolve_base_model, write_artifact
 from ..base import Passage, TokenCounter
 from ..errors import ArtifactError, ConfigError
 from ..filters.base import Sentence, SentenceFilter
@@ -97,7 +98,6 @@ class SentinelCompressor(SentenceFilter):
     # -- artifact ---------------------------------------------------------------------------------------
     def save_pretrained(self, directory: str | Path, training: dict[str, Any] | None = None,
                         scores: dict[str, Any] | None = None, card: str = "") -> Path:
-        from .. import __version__
         from ..models import model_fingerprint, model_id
 
         cfg = {
@@ -126,16 +126,11 @@ class SentinelCompressor(SentenceFilter):
                         attention: Any = None, **overrides: Any) -> SentinelCompressor:
         """Load a probe. ``proxy`` defaults to the named model it was trained on; a proxy with other weights
         is refused. ``overrides`` change selection options (``default_ratio``, ...), not the features."""
-        from ..models import NAMED_MODELS, model_fingerprint
-        from .probe import AttentionProbe
+        from .probe import AttentionReader
 
         cfg, t = read_artifact(directory, "sentinel", FORMAT_VERSION)
         reranker = _read_reranker(directory, cfg, t)
-        trained = cfg["proxy"]["id"]
-        proxy = proxy or (trained if trained in NAMED_MODELS else None)
-        if proxy is None:
-            raise ConfigError(f"artifact {directory} was trained on a local proxy folder {trained!r}: pass proxy=PATH")
-        check_base_model(cfg, "proxy", proxy, model_fingerprint(proxy))
+        proxy = resolve_base_model(cfg, "proxy", proxy, directory=directory)
         fixed = {"layers", "query_positions"}
         if fixed & overrides.keys():
             raise ConfigError(f"{sorted(fixed & overrides.keys())} are fixed by the trained probe; retrain to change them")
@@ -146,18 +141,13 @@ class SentinelCompressor(SentenceFilter):
                                 f"features.extra ({e}); re-save it with `ragpress train sentinel`") from e
         embedder = overrides.pop("embedder", None)
         if layout.uses_embedder:
-            record = cfg.get("embedder") if isinstance(cfg.get("embedder"), dict) else {}
-            embedder = embedder or (record.get("id") if record.get("id") in NAMED_MODELS else None)
-            if embedder is None:
-                raise ConfigError(f"artifact {directory} was trained with a local embedder folder "
-                                  f"{record.get('id')!r}: pass embedder=PATH")
-            check_base_model(cfg, "embedder", embedder, model_fingerprint(embedder))
+            embedder = resolve_base_model(cfg, "embedder", embedder, directory=directory)
         embedder = embedder or SentinelConfig().embedder
         config = SentinelConfig(**{**cfg["config"], **overrides, "proxy": proxy, "embedder": embedder})
         if attention is None:
-            attention = AttentionProbe.load(proxy, dtype=config.dtype, query_positions=config.query_positions,
-                                            max_context_tokens=config.max_context_tokens, embedder=config.embedder,
-                                            embed_cache_dir=config.cache_dir)
+            attention = AttentionReader.load(proxy, dtype=config.dtype, query_positions=config.query_positions,
+                                             max_context_tokens=config.max_context_tokens, embedder=config.embedder,
+                                             embed_cache_dir=config.cache_dir)
         return cls(counter, config, _probe_from(t), attention, layout=layout, manifest=cfg, reranker=reranker)
 
 

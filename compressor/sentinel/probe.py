@@ -12,7 +12,7 @@ while a capture is active, computes ``softmax(q_last @ k^T * scaling + mask)`` f
 arrive after RoPE and any q/k norms, exactly as the model uses them. Early exit stops the forward pass after
 the last needed layer.
 
-Features per sentence: see :meth:`AttentionProbe.features` and :class:`FeatureLayout`: named blocks of
+Features per sentence: see :meth:`AttentionReader.features` and :class:`FeatureLayout`: named blocks of
 ``layers * heads`` attention columns, then a few named scalars; an artifact records the names it was fit on.
 """
 
@@ -34,7 +34,7 @@ from ..text import title_mentions
 from .config import DEFAULT_LAYOUT, LINK_EXTRAS, NO_LINK, FeatureLayout
 from .rerank import zscore
 
-__all__ = ["ProbeFeatures", "AttentionProbe", "ATTN_IMPL", "select_columns", "link_features"]
+__all__ = ["ProbeFeatures", "AttentionReader", "ATTN_IMPL", "select_columns", "link_features"]
 
 ATTN_IMPL = "ragpress_probe"
 _CAPTURE: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar("ragpress_probe_capture", default=None)
@@ -158,8 +158,9 @@ class ProbeFeatures:
     heads: int
 
 
-class AttentionProbe:
-    """Runs the proxy over ``context + question`` and returns per-sentence attention features."""
+class AttentionReader:
+    """The attention reader: runs the proxy over ``context + question`` and returns per-sentence attention
+    features, which :class:`~compressor.sentinel.model.SentinelProbe` (the classifier) scores."""
 
     def __init__(self, model: Any, tokenizer: Any, query_positions: int = 4, max_context_tokens: int = 8192,
                  embedder: str = "minilm-l6", embedder_dtype: str = "float32",
@@ -178,7 +179,7 @@ class AttentionProbe:
         self.n_layers, self.n_heads = int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
 
     @classmethod
-    def load(cls, name_or_path: str, dtype: str = "bfloat16", **kw: Any) -> AttentionProbe:
+    def load(cls, name_or_path: str, dtype: str = "bfloat16", **kw: Any) -> AttentionReader:
         from ..models import load_causal_lm
 
         _register()

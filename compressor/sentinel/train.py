@@ -25,7 +25,7 @@ from ..filters.base import select_within_budget
 from ..text import split_sentences
 from .config import DEFAULT_LAYOUT, EMBED_EXTRAS, LINK_EXTRAS, V1_LAYOUT, FeatureLayout, SentinelConfig
 from .model import SentinelCompressor, SentinelProbe
-from .probe import AttentionProbe, select_columns
+from .probe import AttentionReader, select_columns
 from .rerank import HopReranker, rerank_features
 
 __all__ = ["QuestionFeatures", "extract_features", "fit_probe", "recall_at_budget", "split_order", "train_sentinel"]
@@ -52,7 +52,7 @@ def _labels(p: Passage, spans: list[tuple[int, int]]) -> list[int]:
     return out
 
 
-def extract_features(records: Sequence[tuple[str, str, list[Passage]]], attention: AttentionProbe,
+def extract_features(records: Sequence[tuple[str, str, list[Passage]]], attention: AttentionReader,
                      counter: TokenCounter, progress: bool = True,
                      layout: FeatureLayout = DEFAULT_LAYOUT) -> list[QuestionFeatures]:
     """``records``: (source name, question, passages with evidence). Skips none: a record without a positive
@@ -288,116 +288,202 @@ def train_sentinel(
     the training questions, nested; and on the validation questions). ``rerank=None`` keeps it when its CV
     recall@20% beats the first stage's; True / False force the choice."""
     layouts = layouts or LAYOUT_CANDIDATES
-    full = FeatureLayout(tuple(dict.fromkeys(b for lay in layouts.values() for b in lay.pooling)),
+    attention = AttentionReader.load(proxy, embedder=embedder)
+    table = _FeatureTable(_union(layouts), attention.n_layers, attention.n_heads)
+    grid = _depth_grid(layer_grid, table.layers, layers)
+    feats = _load_or_extract(records, attention, counter, table.layout, features_cache, progress, log)
+    qs = _split_questions(records, feats, val_fraction, seed, cv_folds, features_cache, log)
+    layout_name, ablation = _choose_layout(qs, table, layouts, c_grid, log)
+    layout = layouts[layout_name]
+    timing = _time_depths(attention, [records[i] for i in qs.val_records[:8]], grid, layout)
+    chosen, probe, rows = _choose_depth(qs, table, layout, grid, c_grid, timing, recall_tolerance, layers, log)
+    rerank_report, two_stage = _choose_rerank(qs, table.columns(layout, chosen["layers"]), chosen["C"], rerank_c,
+                                              rerank_top_k, sorted({q.source for q in feats}), rerank, log)
+    probe, reranker = two_stage or (probe, None)
+    config = SentinelConfig(proxy=proxy, layers=chosen["layers"], embedder=embedder, min_score=min_score,
+                            complete_links=complete_links)
+    comp = SentinelCompressor(counter, config, probe, attention, layout=layout, reranker=reranker)
+    return comp, _report(feats, qs, {**chosen, "layout": layout_name}, rerank_report, ablation, rows, table.layers)
+
+
+# -- the steps of train_sentinel, in order --------------------------------------------------------------------
+@dataclass
+class _FeatureTable:
+    """What the features were extracted with: every candidate's blocks and scalars (``layout``), all
+    ``layers`` of the proxy, ``heads`` per layer. A candidate layout at a depth reads a subset of its columns."""
+
+    layout: FeatureLayout
+    layers: int
+    heads: int
+
+    def columns(self, layout: FeatureLayout, layers: int) -> np.ndarray:
+        return select_columns(self.layout, self.layers, layout, layers, self.heads)
+
+
+def _union(layouts: dict[str, FeatureLayout]) -> FeatureLayout:
+    """One layout holding every block and scalar of ``layouts`` (first seen first): extracted once, read by all."""
+    return FeatureLayout(tuple(dict.fromkeys(b for lay in layouts.values() for b in lay.pooling)),
                          tuple(dict.fromkeys(e for lay in layouts.values() for e in lay.extra)))
-    attention = AttentionProbe.load(proxy, embedder=embedder)
-    n_layers, heads = attention.n_layers, attention.n_heads
+
+
+def _depth_grid(layer_grid: Sequence[int], n_layers: int, layers: int | None) -> list[int]:
+    """The early-exit depths to try: ``layer_grid`` capped at the proxy's depth, plus full depth and ``layers``."""
     if layers is not None and not 1 <= layers <= n_layers:
         raise ValueError(f"layers={layers}: the proxy has {n_layers} layers; choose 1..{n_layers} or None")
-    grid = sorted({min(k, n_layers) for k in layer_grid} | {n_layers} | ({layers} if layers else set()))
-    if features_cache is not None and Path(features_cache).exists():
-        feats = load_features(features_cache, full)
-        if len(feats) != len(records):
-            raise ValueError(f"{features_cache} holds {len(feats)} questions, not {len(records)}: delete it")
-        log(f"features loaded from {features_cache}")
-    else:
-        feats = extract_features(records, attention, counter, progress, layout=full)
-        if features_cache is not None:
-            save_features(features_cache, feats, full)
-    texts = question_texts(records)
-    stale = [i for i, (q, t) in enumerate(zip(feats, texts)) if len(q.y) != len(t.sents)]
-    if stale:
-        raise ValueError(f"features of {len(stale)} questions (first: #{stale[0]}) do not match their sentences: "
-                         f"{features_cache} was extracted from other records or another splitter; delete it")
-    idx = split_order(len(feats), seed)
-    n_val = max(1, int(len(idx) * val_fraction))
-    val = [feats[i] for i in idx[:n_val]]
-    tr = [feats[i] for i in idx[n_val:]]
-    n_y, n_pos = sum(len(q.y) for q in tr), sum(int(q.y.sum()) for q in tr)
-    log(f"train: {len(tr)} questions, {n_y} sentences ({n_pos} positive); validation: {len(val)} questions, "
-        f"{sum(len(q.y) for q in val)} sentences ({sum(int(q.y.sum()) for q in val)} positive)")
+    return sorted({min(k, n_layers) for k in layer_grid} | {n_layers} | ({layers} if layers else set()))
 
-    def score_row(cols: np.ndarray, c: float) -> tuple[dict[str, float], SentinelProbe]:
-        cv = _cv_score(tr, cols, c, seed, cv_folds)
-        probe, auc, r20, r33 = _fit_and_score(tr, val, cols, c, seed)
+
+def _load_or_extract(records: Sequence[tuple[str, str, list[Passage]]], attention: AttentionReader,
+                     counter: TokenCounter, layout: FeatureLayout, cache: str | Path | None, progress: bool,
+                     log: Callable[[str], None]) -> list[QuestionFeatures]:
+    """Features of every record: read from ``cache`` when it exists, else extracted (and written there)."""
+    if cache is not None and Path(cache).exists():
+        feats = load_features(cache, layout)
+        if len(feats) != len(records):
+            raise ValueError(f"{cache} holds {len(feats)} questions, not {len(records)}: delete it")
+        log(f"features loaded from {cache}")
+        return feats
+    feats = extract_features(records, attention, counter, progress, layout=layout)
+    if cache is not None:
+        save_features(cache, feats, layout)
+    return feats
+
+
+@dataclass
+class _Questions:
+    """The seeded train/validation split (features and sentence texts of each side, the record index of each
+    validation question) and how choices are cross-validated on the training side (``seed``, ``folds``)."""
+
+    train: list[QuestionFeatures]
+    val: list[QuestionFeatures]
+    train_texts: list[QuestionText]
+    val_texts: list[QuestionText]
+    val_records: list[int]
+    seed: int
+    folds: int
+
+    def score(self, cols: np.ndarray, c: float) -> tuple[dict[str, float], SentinelProbe]:
+        """One grid row: CV scores on the training questions and the scores on the validation questions of the
+        probe fit on all training questions (returned too)."""
+        cv = _cv_score(self.train, cols, c, self.seed, self.folds)
+        probe, auc, r20, r33 = _fit_and_score(self.train, self.val, cols, c, self.seed)
         row = {"cv_auc": cv[0], "cv_recall@20%": cv[1], "cv_recall@33%": cv[2], "val_auc": auc,
                "val_recall@20%": r20, "val_recall@33%": r33}
         return {k: round(v, 4) for k, v in row.items()}, probe
 
-    def show(r: dict[str, Any]) -> str:
-        return (f"cv auc={r['cv_auc']:.4f} r@20%={r['cv_recall@20%']:.4f} r@33%={r['cv_recall@33%']:.4f} | "
-                f"val auc={r['val_auc']:.4f} r@20%={r['val_recall@20%']:.4f} r@33%={r['val_recall@33%']:.4f}")
 
-    def rank(r: dict[str, Any]) -> tuple[float, float]:
-        return r["cv_recall@20%"], r["cv_auc"]
+def _split_questions(records: Sequence[tuple[str, str, list[Passage]]], feats: list[QuestionFeatures],
+                     val_fraction: float, seed: int, folds: int, cache: str | Path | None,
+                     log: Callable[[str], None]) -> _Questions:
+    """Pair each question's features with its sentence texts (refusing features of other records) and split
+    them by :func:`split_order`: the first ``val_fraction`` (at least one) are the validation questions."""
+    texts = question_texts(records)
+    stale = [i for i, (q, t) in enumerate(zip(feats, texts)) if len(q.y) != len(t.sents)]
+    if stale:
+        raise ValueError(f"features of {len(stale)} questions (first: #{stale[0]}) do not match their sentences: "
+                         f"{cache} was extracted from other records or another splitter; delete it")
+    idx = split_order(len(feats), seed)
+    n_val = max(1, int(len(idx) * val_fraction))
+    qs = _Questions([feats[i] for i in idx[n_val:]], [feats[i] for i in idx[:n_val]],
+                    [texts[i] for i in idx[n_val:]], [texts[i] for i in idx[:n_val]], idx[:n_val], seed, folds)
+    log(f"train: {len(qs.train)} questions, {sum(len(q.y) for q in qs.train)} sentences "
+        f"({sum(int(q.y.sum()) for q in qs.train)} positive); validation: {len(qs.val)} questions, "
+        f"{sum(len(q.y) for q in qs.val)} sentences ({sum(int(q.y.sum()) for q in qs.val)} positive)")
+    return qs
 
+
+def _rank(row: dict[str, Any]) -> tuple[float, float]:
+    """What a choice maximises: CV recall@20%, then CV AUC."""
+    return row["cv_recall@20%"], row["cv_auc"]
+
+
+def _show(r: dict[str, Any]) -> str:
+    return (f"cv auc={r['cv_auc']:.4f} r@20%={r['cv_recall@20%']:.4f} r@33%={r['cv_recall@33%']:.4f} | "
+            f"val auc={r['val_auc']:.4f} r@20%={r['val_recall@20%']:.4f} r@33%={r['val_recall@33%']:.4f}")
+
+
+def _choose_layout(qs: _Questions, table: _FeatureTable, layouts: dict[str, FeatureLayout], c_grid: Sequence[float],
+                   log: Callable[[str], None]) -> tuple[str, list[dict[str, Any]]]:
+    """Every candidate layout at full depth, for every C: the name of the best by :func:`_rank`, and the rows."""
     ablation = []
     for name, lay in layouts.items():
-        cols = select_columns(full, n_layers, lay, n_layers, heads)
+        cols = table.columns(lay, table.layers)
         for c in c_grid:
-            row = {"layout": name, "C": c, **score_row(cols, c)[0]}
+            row = {"layout": name, "C": c, **qs.score(cols, c)[0]}
             ablation.append(row)
-            log(f"layout {name!r:<60} C={c:<5} {show(row)}")
-    best_ab = max(ablation, key=rank)
-    layout = layouts[best_ab["layout"]]
-    log(f"layout chosen: {best_ab['layout']!r}")
+            log(f"layout {name!r:<60} C={c:<5} {_show(row)}")
+    best = max(ablation, key=_rank)
+    log(f"layout chosen: {best['layout']!r}")
+    return best["layout"], ablation
 
-    # time per question for each depth, on validation questions
-    timing: dict[int, float] = {}
-    sample = [records[i] for i in idx[: min(8, n_val)]]
+
+def _time_depths(attention: AttentionReader, sample: Sequence[tuple[str, str, list[Passage]]], grid: Sequence[int],
+                 layout: FeatureLayout) -> dict[int, float]:
+    """Seconds per question of feature extraction at each depth, on ``sample`` (a few validation questions)."""
     _, q0, ps0 = sample[0]
     attention.features(q0, ps0, [split_sentences(p.text) for p in ps0], layers=1, layout=layout)  # warm-up: loads
+    timing: dict[int, float] = {}
     for k in grid:
         t0 = time.perf_counter()
         for _, q, ps in sample:
             attention.features(q, ps, [split_sentences(p.text) for p in ps], layers=k, layout=layout)
         timing[k] = (time.perf_counter() - t0) / len(sample)
+    return timing
 
+
+def _choose_depth(qs: _Questions, table: _FeatureTable, layout: FeatureLayout, grid: Sequence[int],
+                  c_grid: Sequence[float], timing: dict[int, float], recall_tolerance: float, layers: int | None,
+                  log: Callable[[str], None]) -> tuple[dict[str, Any], SentinelProbe, list[dict[str, Any]]]:
+    """Every (depth, C) of ``layout``: the chosen row (``layers`` if forced, else the shallowest depth whose best
+    CV recall@20% is within ``recall_tolerance`` of the top, at its best C), its probe, and all the rows."""
     rows = []
     best: dict[int, tuple[tuple[float, float], SentinelProbe]] = {}
     for k in grid:
-        cols = select_columns(full, n_layers, layout, k, heads)
+        cols = table.columns(layout, k)
         for c in c_grid:
-            scored, probe = score_row(cols, c)
+            scored, probe = qs.score(cols, c)
             row = {"layers": k, "C": c, **scored, "s_per_question": round(timing[k], 4)}
             rows.append(row)
-            log(f"layers={k:>3} C={c:<5} {show(row)} {timing[k]:.3f}s/question")
-            if k not in best or rank(row) > best[k][0]:
-                best[k] = (rank(row), probe)
+            log(f"layers={k:>3} C={c:<5} {_show(row)} {timing[k]:.3f}s/question")
+            if k not in best or _rank(row) > best[k][0]:
+                best[k] = (_rank(row), probe)
     top = max(v[0][0] for v in best.values())
     chosen = layers or min(k for k, v in best.items() if v[0][0] >= top - recall_tolerance)
-    probe = best[chosen][1]
-    chosen_row = max((r for r in rows if r["layers"] == chosen), key=rank)
-    chosen_cols = select_columns(full, n_layers, layout, chosen, heads)
-    rerank_report, two_stage = _rerank_report(
-        tr, val, [texts[i] for i in idx[n_val:]], [texts[i] for i in idx[:n_val]], chosen_cols, chosen_row["C"],
-        rerank_c, rerank_top_k, seed, cv_folds, sorted({q.source for q in feats}))
-    keep = rerank if rerank is not None else rerank_report["cv"]["recall@20%"] > rerank_report["cv_first_stage"]["recall@20%"]
-    rerank_report["kept"] = bool(keep)
-    log(f"second stage (C={rerank_c}, top_k={rerank_top_k}): cv {rerank_report['cv']} | first stage alone "
-        f"{rerank_report['cv_first_stage']} | val {rerank_report['val']} -> {'kept' if keep else 'not kept'}")
-    reranker = None
-    if keep:
-        probe, reranker = two_stage
-    config = SentinelConfig(proxy=proxy, layers=chosen, embedder=embedder, min_score=min_score,
-                            complete_links=complete_links)
-    comp = SentinelCompressor(counter, config, probe, attention, layout=layout, reranker=reranker)
+    return max((r for r in rows if r["layers"] == chosen), key=_rank), best[chosen][1], rows
+
+
+def _choose_rerank(qs: _Questions, cols: np.ndarray, c: float, rerank_c: float, top_k: int, sources: Sequence[str],
+                   rerank: bool | None, log: Callable[[str], None],
+                   ) -> tuple[dict[str, Any], tuple[SentinelProbe, HopReranker] | None]:
+    """The second stage scored next to the first stage alone (:func:`_rerank_report`); kept when forced by
+    ``rerank``, else when its CV recall@20% is higher. Returns the report and, if kept, both stages refit on
+    all training questions."""
+    report, two_stage = _rerank_report(qs.train, qs.val, qs.train_texts, qs.val_texts, cols, c, rerank_c, top_k,
+                                       qs.seed, qs.folds, sources)
+    keep = rerank if rerank is not None else report["cv"]["recall@20%"] > report["cv_first_stage"]["recall@20%"]
+    report["kept"] = bool(keep)
+    log(f"second stage (C={rerank_c}, top_k={top_k}): cv {report['cv']} | first stage alone "
+        f"{report['cv_first_stage']} | val {report['val']} -> {'kept' if keep else 'not kept'}")
+    return report, two_stage if keep else None
+
+
+def _report(feats: Sequence[QuestionFeatures], qs: _Questions, chosen: dict[str, Any], rerank: dict[str, Any],
+            ablation: list[dict[str, Any]], grid: list[dict[str, Any]], proxy_layers: int) -> dict[str, Any]:
     sources: dict[str, int] = {}
     for q in feats:
         sources[q.source] = sources.get(q.source, 0) + 1
-    report = {
-        "chosen": {**chosen_row, "layout": best_ab["layout"]},
-        "rerank": rerank_report,
+    return {
+        "chosen": chosen,
+        "rerank": rerank,
         "layout_ablation": ablation,
-        "grid": rows,
-        "n_train_questions": len(tr),
-        "n_val_questions": len(val),
-        "cv_folds": cv_folds,
-        "n_train_sentences": n_y,
-        "n_train_positive": n_pos,
+        "grid": grid,
+        "n_train_questions": len(qs.train),
+        "n_val_questions": len(qs.val),
+        "cv_folds": qs.folds,
+        "n_train_sentences": sum(len(q.y) for q in qs.train),
+        "n_train_positive": sum(int(q.y.sum()) for q in qs.train),
         "questions_by_source": sources,
         "questions_without_positive": int(sum(1 for q in feats if q.y.sum() == 0)),
-        "proxy_layers": n_layers,
-        "seed": seed,
+        "proxy_layers": proxy_layers,
+        "seed": qs.seed,
     }
-    return comp, report

@@ -1,9 +1,10 @@
 """The ``xrag`` family: one soft row per document through a trained bridge (see :mod:`.model`).
 
-Registered as ``xrag`` only when a trained bridge ships at ``compressor/artifacts/xrag-minilm-smollm2/``
-(and one is put there only once it beats the untrained control on held-out NQ; the first run,
-``xrag-minilm-smollm2-exp1/``, did not and is kept as an experiment, loadable with ``--artifact``):
-untrained weights are never offered as a compressor. Without it, ``ragpress eval --method xrag --artifact
+Always registered as ``xrag``; built without ``artifact`` it loads the bridge shipped at
+``compressor/artifacts/xrag-minilm-smollm2/``, and one is put there only once it beats the untrained control
+on held-out NQ (the first run, ``xrag-minilm-smollm2-exp1/``, did not and is kept as an experiment, loadable
+with ``--artifact``). Where none ships, building it raises :class:`~compressor.errors.ArtifactError` naming
+the fix: untrained weights are never offered as a compressor. ``ragpress eval --method xrag --artifact
 DIR`` (or :func:`load_xrag`) still loads a bridge you trained, or an untrained control made with
 ``ragpress train xrag --stage1-steps 0 --stage2-steps 0``.
 
@@ -22,8 +23,8 @@ from .config import SHIPPED_ARTIFACT, XRAGConfig, XRAGTrainConfig
 __all__ = ["Bridge", "DocumentIndex", "SHIPPED_ARTIFACT", "XRAGCompressor", "XRAGConfig", "XRAGTrainConfig",
            "cached_index", "load_xrag", "text_key"]
 
-_LAZY = {"Bridge": ".projector", "DocumentIndex": ".index", "cached_index": ".index", "text_key": ".index",
-         "XRAGCompressor": ".model", "load_xrag": ".model"}
+_LAZY = {"Bridge": ".projector", "XRAGCompressor": ".model", "load_xrag": ".model",
+         "DocumentIndex": "..retrieval", "cached_index": "..retrieval", "text_key": "..retrieval"}
 
 
 def __getattr__(name: str) -> Any:
@@ -38,7 +39,6 @@ def _make(counter: TokenCounter, artifact: str | None = None, **options: Any) ->
     return load_xrag(counter, artifact, **options)
 
 
-if SHIPPED_ARTIFACT.is_dir():
-    register_compressor("xrag", _make, kind="soft",
-                        description="xRAG bridge: one soft row per passage from its MiniLM embedding (trained)",
-                        fixed_ratio=True)
+register_compressor("xrag", _make, kind="soft",
+                    description="xRAG bridge: one soft row per passage from its MiniLM embedding",
+                    fixed_ratio=True, artifact=SHIPPED_ARTIFACT)

@@ -9,11 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..train_config import StagedTrainConfig
 
-__all__ = ["XRAGConfig", "XRAGTrainConfig", "FORMAT_VERSION", "INDEX_FORMAT_VERSION", "SHIPPED_ARTIFACT"]
+__all__ = ["XRAGConfig", "XRAGTrainConfig", "FORMAT_VERSION", "SHIPPED_ARTIFACT"]
 
 FORMAT_VERSION = 1
-INDEX_FORMAT_VERSION = 1
-# The shipped bridge; ``xrag`` is registered only when this folder exists.
+# The shipped bridge: ``xrag`` builds from it when no artifact is given (none ships yet).
 SHIPPED_ARTIFACT = Path(__file__).resolve().parents[1] / "artifacts" / "xrag-minilm-smollm2"
 
 

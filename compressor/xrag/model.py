@@ -2,7 +2,7 @@
 
 Paper: Cheng et al. 2024, "xRAG: Extreme Context Compression for Retrieval-augmented Generation with One
 Token". A frozen sentence embedder (default MiniLM-L6, 384-d) gives each passage one unit-norm vector,
-normally stored in a :class:`~compressor.xrag.index.DocumentIndex` at index time; the bridge
+normally stored in a :class:`~compressor.retrieval.DocumentIndex` at index time; the bridge
 (:class:`~compressor.xrag.projector.Bridge`) maps it to one ``[1, hidden]`` row in the frozen decoder's
 input-embedding space, and the prompt builder splices it where the passage text would be (titles stay text).
 
@@ -23,14 +23,16 @@ from typing import Any
 
 import torch
 
-from ..artifacts import check_base_model, read_artifact, write_artifact
+from .._version import __version__
+from ..artifacts import read_artifact, resolve_base_model, write_artifact
 from ..base import Budget, CompressedPassage, Compressor, Passage, TokenCounter
 from ..errors import ArtifactError, ConfigError, InputError
+from ..retrieval import DocumentIndex
 from .config import FORMAT_VERSION, SHIPPED_ARTIFACT, XRAGConfig
-from .index import DocumentIndex
 from .projector import BRIDGE_KEYS, Bridge
 
 __all__ = ["XRAGCompressor", "SHIPPED_ARTIFACT", "load_xrag"]
+
 
 class XRAGCompressor(Compressor):
     """Soft compressor: one bridge row per passage. Build with :meth:`from_pretrained` (a trained bridge)
@@ -62,6 +64,9 @@ class XRAGCompressor(Compressor):
 
             self._embedder = get_embedder(self.config.embedder)
         return self._embedder
+
+    def run_stats(self) -> dict[str, Any]:
+        return {"trained": self.trained, "index_hits": self.index_hits, "encoded_on_the_fly": self.encoded_on_the_fly}
 
     def attach_index(self, index: DocumentIndex) -> None:
         """Read passage vectors from ``index``; it must come from the bridge's embedder."""
@@ -108,7 +113,6 @@ class XRAGCompressor(Compressor):
                         scores: dict[str, Any] | None = None, card: str = "") -> Path:
         """Write the bridge as a self-describing artifact. ``trained`` False marks a control (untrained
         bridge): it loads only when asked for explicitly."""
-        from .. import __version__
         from ..models import model_fingerprint, model_id
 
         cfg = {
@@ -136,21 +140,12 @@ class XRAGCompressor(Compressor):
                         allow_untrained: bool = False, **overrides: Any) -> XRAGCompressor:
         """Load a bridge. ``decoder``/``embedder`` default to the named models it was trained with; models
         with other weights (by sha256) are refused. An untrained control needs ``allow_untrained=True``."""
-        from ..models import NAMED_MODELS, model_fingerprint
-
         cfg, t = read_artifact(directory, "xrag", FORMAT_VERSION, set(BRIDGE_KEYS))
         if not cfg.get("trained") and not allow_untrained:
             raise ArtifactError(f"artifact {directory} holds an untrained bridge (a control, \"trained\": false); "
                                 "load it explicitly (`--artifact PATH`, allow_untrained=True) or train one")
-        chosen = {}
-        for role, given in (("decoder", decoder), ("embedder", embedder)):
-            trained_id = (cfg.get(role) or {}).get("id")
-            name = given or (trained_id if trained_id in NAMED_MODELS else None)
-            if name is None:
-                raise ConfigError(f"artifact {directory} was trained with a local {role} folder {trained_id!r}: "
-                                  f"pass {role}=PATH")
-            check_base_model(cfg, role, name, model_fingerprint(name))
-            chosen[role] = name
+        chosen = {role: resolve_base_model(cfg, role, given, directory=directory)
+                  for role, given in (("decoder", decoder), ("embedder", embedder))}
         b = cfg["bridge"]
         if tuple(t["fc1.weight"].shape) != (b["width"], b["in_dim"]) or tuple(t["fc2.weight"].shape) != (b["out_dim"], b["width"]):
             raise ArtifactError(f"artifact {directory}: bridge tensors do not match the recorded sizes {b}")

@@ -30,11 +30,11 @@ import torch
 from ..base import TokenCounter
 from ..errors import InputError
 from ..prompt import PromptBuilder
+from ..retrieval import cached_index, text_key
 from ..training import QARecord, Seq, StagedRun, qa_layouts
 from ..training import seeded_batch as _batch
 from ..training import target_logits as _target_logits
 from .config import XRAGConfig, XRAGTrainConfig
-from .index import cached_index, text_key
 from .model import XRAGCompressor
 from .projector import Bridge, embedding_row_norm
 

@@ -1,0 +1,103 @@
+"""``ragpress train`` as library calls: the shared data folder in, a self-describing artifact folder out.
+
+The families' trainers (``compressor/<family>/train.py``) take plain records; this module reads the records from
+``../shared/data`` (:mod:`adapters.training_data`, held-out questions excluded), runs the trainer and writes the
+artifact with the training data and report recorded in its config.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["SentinelTraining", "SoftData", "train_sentinel_artifact", "train_soft"]
+
+
+class SoftData(BaseModel):
+    """Which records a soft family trains on (see :func:`adapters.training_data.xrag_records`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data: Path = Field(default=Path("../shared/data"), description="The shared data folder.")
+    distractors: int = Field(default=0, ge=0, le=50, description="Stage 2: K BM25 passages around each NQ gold one.")
+    n_stage1: int | None = Field(default=None, ge=0, description="Use at most this many stage-1 passages.")
+    n_nq: int | None = Field(default=None, ge=0, description="Use at most this many NQ training questions.")
+    n_squad: int | None = Field(default=None, ge=0, description="Use at most this many SQuAD training questions.")
+
+
+def train_soft(family: str, config: Any, train: Any, data: SoftData, out: str | Path, work_dir: str | Path | None = None,
+               resume: bool = False) -> tuple[Path, dict[str, Any]]:
+    """Train ``family`` (``icae`` or ``xrag``) with its ``config`` and ``train`` settings, resumably in
+    ``work_dir`` (default ``runs/<family>-train/<out name>``); write the artifact to ``out``. A run of zero
+    steps writes an untrained control (``"trained": false``). Returns (artifact folder, training report)."""
+    from .training_data import xrag_records
+
+    if family == "icae":
+        from compressor.icae.train import train_icae as trainer
+    elif family == "xrag":
+        from compressor.xrag.train import train_xrag as trainer
+    else:
+        raise ValueError(f"train_soft trains icae or xrag, not {family!r}")
+    out = Path(out)
+    texts, qa, provenance = xrag_records(data.data, data.n_stage1, data.n_nq, data.n_squad, data.distractors,
+                                         seed=train.seed)
+    work = Path(work_dir) if work_dir else Path("runs") / f"{family}-train" / out.name
+    comp, report = trainer(texts, qa, work, config, train, resume=resume)
+    trained = report["stage1_steps_done"] + report["stage2_steps_done"] > 0
+    path = comp.save_pretrained(out, trained=trained,
+                                training={"data": provenance, **{k: v for k, v in report.items() if k != "log"}})
+    return Path(path), report
+
+
+class SentinelTraining(BaseModel):
+    """How the attention probe is trained (``ragpress train sentinel``); the defaults plus ``layers=4``,
+    ``min_score=1.5`` and ``complete_links`` reproduce the shipped artifact."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data: Path = Field(default=Path("../shared/data"), description="The shared data folder.")
+    proxy: str = Field(default="smollm2-135m-instruct", description="The proxy LLM whose attention is read.")
+    embedder: str = Field(default="minilm-l6", description="Sentence embedder of the embed_* features.")
+    hotpotqa: int = Field(default=200, ge=0, description="HotpotQA training questions.")
+    nq: int = Field(default=150, ge=0, description="NQ training questions.")
+    squad: int = Field(default=150, ge=0, description="SQuAD training questions.")
+    seed: int = 0
+    features_cache: Path | None = Field(default=None, description="npz cache of extracted features (reused if present).")
+    layers: int | None = Field(default=None, ge=1, description="Force the early-exit depth (default: chosen by "
+                               "cross-validation).")
+    min_score: float | None = Field(default=None, description="Probe score below which sentences are dropped even "
+                                    "when the budget has room (chosen with research/choose_min_score.py; default: "
+                                    "fill the budget).")
+    rerank: Literal["auto", "yes", "no"] = Field(default="auto", description="Second stage (multi-hop re-scoring): "
+                                                 "auto keeps it when its cross-validated recall@20% beats the probe.")
+    complete_links: bool = Field(default=False, description="Store complete_links=True: a kept sentence naming "
+                                 "another passage's title brings that passage's best sentence.")
+
+
+def train_sentinel_artifact(out: str | Path, t: SentinelTraining) -> tuple[Path, dict[str, Any]]:
+    """Train the attention probe on the training questions and write its artifact to ``out``."""
+    from compressor.base import TokenCounter
+    from compressor.models import load_tokenizer
+    from compressor.sentinel.train import train_sentinel
+
+    from .training_data import sentinel_records
+
+    records, provenance = sentinel_records(t.data, t.hotpotqa, t.nq, t.squad, seed=t.seed)
+    counter = TokenCounter.from_tokenizer(load_tokenizer(t.proxy))
+    comp, report = train_sentinel(records, counter, proxy=t.proxy, embedder=t.embedder, seed=t.seed,
+                                  features_cache=t.features_cache, layers=t.layers, min_score=t.min_score,
+                                  rerank={"auto": None, "yes": True, "no": False}[t.rerank],
+                                  complete_links=t.complete_links)
+    training = {"data": provenance, **{k: v for k, v in report.items()
+                                       if k not in ("chosen", "grid", "layout_ablation", "rerank")}}
+    if t.min_score is not None:
+        training["min_score"] = (f"{t.min_score:g}: best mean answer F1 (SmolLM2-135M and Gemma 3 270M, ratio 5) "
+                                 "on the validation questions, by research/choose_min_score.py")
+    if t.complete_links:
+        training["complete_links"] = ("on: paired answer F1 on the HotpotQA training questions scored out of fold, "
+                                      "by research/link_completion.py (see docs/experiments/sentinel.md)")
+    scores = {**report["chosen"], "rerank": report["rerank"], "layout_ablation": report["layout_ablation"],
+              "grid": report["grid"]}
+    return Path(comp.save_pretrained(out, training=training, scores=scores)), report
