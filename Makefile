@@ -70,7 +70,7 @@ wheel-check: install
 	PY=$(BIN)/python bash .ci/wheel-check
 
 lint: install
-	$(BIN)/ruff check compressor adapters serving tests examples
+	$(BIN)/ruff check compressor adapters serving tests examples research
 
 # The two reference points of the foundation issue.
 eval-ref: models

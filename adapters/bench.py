@@ -27,8 +27,7 @@ from compressor.registry import get_spec
 
 from .datasets import DatasetSpec, load_examples, parse_dataset_label
 from .decoders import GenerationParams, HFBackend
-from .evaluate import build_method, evaluate
-from .metrics import abstention_rate
+from .evaluate import build_method, evaluate, summarize
 
 __all__ = ["DatasetSpec", "BenchConfig", "add_bench_options", "bench_config", "run_bench", "summarize_bench",
            "REFERENCE_METHODS"]
@@ -163,19 +162,8 @@ def summarize_bench(samples_path: Path, cfg: BenchConfig) -> list[dict[str, Any]
     for (dec, ds, m, rr), g in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
         base = {r["id"]: r for r in groups.get((dec, ds, "none", None), [])}
         paired = [(r["f1"], base[r["id"]]["f1"]) for r in g if r["id"] in base]
-        tin, tout = sum(r["tokens_in"] for r in g), sum(r["tokens_out"] for r in g)
-
-        def mean(k: str, g: list[dict] = g) -> float | None:
-            xs = [x[k] for x in g if x.get(k) is not None]
-            return statistics.fmean(xs) if xs else None
-
         row = {
-            "decoder": dec, "dataset": ds, "method": m, "ratio_requested": rr, "n": len(g),
-            "em": mean("em"), "f1": mean("f1"), "accuracy": mean("accuracy"),
-            "evidence_recall": mean("evidence_recall"),
-            "abstention": abstention_rate(g),
-            "tokens_in_mean": tin / len(g), "tokens_out_mean": tout / len(g), "ratio": tin / tout if tout else None,
-            "compress_s_mean": mean("compress_s"), "ttft_s_mean": mean("ttft_s"), "e2e_s_mean": mean("e2e_s"),
+            "decoder": dec, "dataset": ds, **summarize(g, m, rr),  # the same summary as `ragpress eval`
             "decode_tok_s": (sum(r["new_tokens"] for r in g) / max(1e-9, sum(r["e2e_s"] - r["compress_s"] - r["ttft_s"] for r in g))),
             "peak_rss_mb": max(r.get("peak_rss_mb", 0) for r in g),
         }

@@ -130,15 +130,44 @@ def _pickle_capable(path: Path, head: bytes = b"") -> bool:
     return (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5) or head == b"PK\x03\x04"
 
 
+RESULTS_HEADING = "## Results"
+
+
 def write_artifact(directory: str | Path, config: dict[str, Any], tensors: dict[str, np.ndarray], card: str) -> Path:
-    """Write an artifact folder atomically."""
+    """Write an artifact folder atomically. The card is ``card`` plus the hand-kept ``## Results`` section of
+    the card it replaces (measurements made after training, e.g. the benchmark's): kept as it is when the
+    weights are the same bytes, else under a line saying it was measured on the previous weights."""
     from safetensors.numpy import save_file
 
+    directory = Path(directory)
+    old_card, old_weights = directory / "README.md", directory / WEIGHTS_NAME
+    try:  # another writer may be swapping the folder: then there is no card to carry over
+        results = old_card.read_text().partition(f"\n{RESULTS_HEADING}")[2]
+    except OSError:
+        results = ""
     with atomic_folder(directory) as tmp:
         save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp / WEIGHTS_NAME))
         (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=False) + "\n")
+        if results:
+            same = _sha256(old_weights) == _sha256(tmp / WEIGHTS_NAME)
+            note = "" if same else (f"\n\n> Measured on the previous weights (sha256 {_sha256(old_weights)[:12]}...), "
+                                    "not on these: rerun the measurements before citing them.")
+            card = card.rstrip() + f"\n\n{RESULTS_HEADING}{note}" + ("\n" if note else "") + results
         (tmp / "README.md").write_text(card)
-    return Path(directory)
+    return directory
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except OSError:
+        return "none"
+    return h.hexdigest()
 
 
 def read_artifact(directory: str | Path, expected_type: str, format_version: int,

@@ -278,3 +278,17 @@ def test_reader_does_not_retry_a_damaged_folder(tmp_path):
     with pytest.raises(ArtifactError, match="is corrupt"):
         read_artifact(d, "t", 1, KEYS)
     assert time.monotonic() - t0 < A._REREAD_SECONDS / 2
+
+
+def test_rewriting_an_artifact_keeps_its_results_section(tmp_path):
+    """The trainers write the card from scratch; the hand-kept ``## Results`` of the card it replaces survives,
+    flagged as measured on the previous weights when the weights changed."""
+    d = tmp_path / "art"
+    cfg = {"type": "t", "format_version": 1}
+    write_artifact(d, cfg, {"w": np.zeros(3, dtype=np.float32)}, "# card v1\n")
+    (d / "README.md").write_text("# card v1\n\n## Results\n\nF1 0.5 on 100 questions.\n")
+    write_artifact(d, cfg, {"w": np.zeros(3, dtype=np.float32)}, "# card v2\n")
+    assert (d / "README.md").read_text() == "# card v2\n\n## Results\n\nF1 0.5 on 100 questions.\n"
+    write_artifact(d, cfg, {"w": np.ones(3, dtype=np.float32)}, "# card v3\n")
+    text = (d / "README.md").read_text()
+    assert text.startswith("# card v3\n\n## Results\n\n> Measured on the previous weights") and "F1 0.5" in text
