@@ -35,6 +35,7 @@ __all__ = ["DatasetSpec", "BenchConfig", "add_bench_options", "bench_config", "r
 REFERENCE_METHODS = ("none", "no_context", "oracle")
 CACHED = "@cache"  # suffix: a cacheable method (icae slots, sentinel sentence embeddings) timed on cache hits;
 # the cache is filled first, as an index would be ahead of time
+STOP = "@stop"  # suffix: a sentence filter's early stop at its min_score (Budget.early_stop), e.g. sentinel@stop
 
 
 class BenchConfig(BaseModel):
@@ -113,9 +114,9 @@ def run_bench(cfg: BenchConfig, progress: bool = True, log: Callable[[str], None
                         if comps[m] is None:
                             continue
                         log(f"{dec} | {spec.label} | {m} | ratio {r}: {len(todo)} questions")
-                        if m.endswith(CACHED):  # fill the cache first (index time); the timed run reads it
+                        if CACHED in m:  # fill the cache first (index time); the timed run reads it
                             comps[m].index([p for e in todo for p in e.passages])
-                        budget = Budget(ratio=r) if r else Budget()
+                        budget = Budget(ratio=r, early_stop=True if STOP in m else None)
 
                         def write(rec: dict, _m=m, _r=r, _dec=dec, _ds=spec.label) -> None:
                             rec.update(decoder=_dec, dataset=_ds, method=_m, ratio_requested=_r,
@@ -130,10 +131,14 @@ def run_bench(cfg: BenchConfig, progress: bool = True, log: Callable[[str], None
 
 
 def _method_spec(m: str) -> Any:
-    """The registry entry behind a bench method name; ``NAME@cache`` is NAME reading a pre-filled cache."""
-    name = m[: -len(CACHED)] if m.endswith(CACHED) else m
+    """The registry entry behind a bench method name: ``NAME@cache`` is NAME reading a pre-filled cache,
+    ``NAME@stop`` NAME stopping early at its min_score; the suffixes combine (``sentinel@cache@stop``)."""
+    name, *suffixes = m.split("@")
     spec = get_spec(name)
-    if m.endswith(CACHED) and not spec.cacheable:
+    for suffix in suffixes:
+        if f"@{suffix}" not in (CACHED, STOP):
+            raise ConfigError(f"bench method {m!r}: unknown suffix '@{suffix}'; use {CACHED} or {STOP}")
+    if CACHED in m and not spec.cacheable:
         raise ConfigError(f"method {name!r} keeps no per-passage cache; drop '{CACHED}' from {m!r}")
     return spec
 
@@ -141,7 +146,7 @@ def _method_spec(m: str) -> Any:
 def _build(m: str, counter: TokenCounter, cache_dir: Path, decoder: str) -> Any:
     """A soft family is built for ``decoder`` and raises :class:`BaseModelMismatchError` when it was trained on
     another base; text methods serve any decoder. ``NAME@cache`` reads (and is filled into) ``cache_dir``."""
-    options = {"cache_dir": str(cache_dir)} if m.endswith(CACHED) else {}
+    options = {"cache_dir": str(cache_dir)} if CACHED in m else {}
     return build_method(_method_spec(m).name, counter, decoder, options)
 
 

@@ -7,6 +7,7 @@ decoder, options) in, an :class:`EvalResult` (one record per question and the su
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,7 +139,8 @@ def evaluate(
             rec = {"id": ex.id, "question": ex.question, "answers": ex.answers, "prediction": None, "em": None,
                    "f1": None, "accuracy": None, "evidence_recall": evidence_recall(ctx, ex.passages),
                    "tokens_in": ctx.tokens_in, "tokens_out": ctx.tokens_out, "prompt_tokens": None,
-                   "compress_s": ctx.compress_s, "ttft_s": None, "e2e_s": ctx.compress_s, "new_tokens": 0}
+                   "compress_s": ctx.compress_s, "ttft_s": None, "e2e_s": ctx.compress_s, "new_tokens": 0,
+                   "stopped_by": ctx.stopped_by, "duplicates": ctx.duplicates}
             records.append(rec)
             if on_sample:
                 on_sample(rec)
@@ -164,6 +166,8 @@ def evaluate(
             "ttft_s": gen.ttft_s,
             "e2e_s": gen.e2e_s + ctx.compress_s,
             "new_tokens": len(gen.token_ids),
+            "stopped_by": ctx.stopped_by,
+            "duplicates": ctx.duplicates,
         }
         records.append(rec)
         if on_sample:
@@ -196,4 +200,7 @@ def summarize(records: list[dict], method: str, ratio_requested: float | None, *
         "compress_s_mean": _mean([r["compress_s"] for r in records]),
         "ttft_s_mean": _mean([r["ttft_s"] for r in records]),
         "e2e_s_mean": _mean([r["e2e_s"] for r in records]),
+        # why the filters kept what they kept, in questions: budget / min_score / threshold / input
+        "stopped_by": dict(sorted(Counter(r.get("stopped_by") for r in records if r.get("stopped_by")).items())),
+        "duplicates": sum(r.get("duplicates", 0) for r in records),
     }

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -21,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .errors import ConfigError, InputError
 
 __all__ = [
+    "Kept",
+    "StopReason",
     "Passage",
     "Budget",
     "CompressedPassage",
@@ -31,6 +34,7 @@ __all__ = [
     "coerce_passages",
 ]
 
+StopReason = Literal["budget", "min_score", "threshold", "input"]
 Span = tuple[int, int]
 
 
@@ -73,6 +77,10 @@ class Budget(BaseModel):
     ratio: float | None = Field(default=None, ge=1.0, le=1000.0, description="Compression ratio, 1..1000.")
     target_tokens: int | None = Field(default=None, ge=1, description="Maximum context tokens to keep.")
     threshold: float | None = Field(default=None, description="Score threshold for sentence filters.")
+    early_stop: bool | None = Field(
+        default=None, description="Sentence filters with a min_score (the shipped sentinel's 1.5): stop below it, "
+        "keeping fewer tokens than the budget (what 135M-270M decoders answer best from). None: the method's "
+        "default, which is to fill the budget.")
 
     @model_validator(mode="after")
     def _one_of(self) -> Budget:
@@ -118,6 +126,14 @@ class CompressedContext(BaseModel):
     tokens_in: int = Field(description="Context tokens before compression, in the decoder's tokenizer.")
     tokens_out: int = Field(description="Context tokens (text) or soft rows after compression.")
     compress_s: float = 0.0
+    stopped_by: StopReason | None = Field(
+        default=None, description="Why a sentence filter kept what it kept: 'budget' (the next sentence did not "
+        "fit), 'min_score' (early stop below the method's min_score), 'threshold' (the budget's threshold), "
+        "'input' (everything fit). None: the method does not select sentences.")
+    duplicates: int = Field(default=0, description="Input passages dropped as repeats of an earlier one (same "
+                            "title and text up to whitespace): scored, counted in tokens_in and kept once.")
+    duplicate_sentences: int = Field(default=0, description="Sentences dropped as repeats of one in an earlier "
+                                     "passage (overlapping retriever chunks).")
 
     @property
     def ratio(self) -> float | None:
@@ -136,7 +152,19 @@ class CompressedContext(BaseModel):
             "tokens_out": self.tokens_out,
             "ratio": self.ratio,
             "compress_s": self.compress_s,
+            "stopped_by": self.stopped_by,
+            "duplicates": self.duplicates,
         }
+
+
+@dataclass
+class Kept:
+    """What :meth:`Compressor._compress` returns when it has more to say than the kept passages."""
+
+    passages: list[CompressedPassage]
+    stopped_by: StopReason | None = None
+    duplicates: int = 0
+    duplicate_sentences: int = 0
 
 
 class IndexReport(BaseModel):
@@ -237,22 +265,27 @@ class Compressor(ABC):
         t0 = time.perf_counter()
         kept = self._compress(query, plist, budget)
         dt = time.perf_counter() - t0
+        if not isinstance(kept, Kept):
+            kept = Kept(kept)
         tokens_in = sum(self.counter.count(p.text) for p in plist)
-        tokens_out = sum(p.tokens_out for p in kept)
+        tokens_out = sum(p.tokens_out for p in kept.passages)
         return CompressedContext(
             method=self.name,
             kind=self.kind,
             query=query,
-            passages=kept,
+            passages=kept.passages,
             n_input_passages=len(plist),
             tokens_in=tokens_in,
             tokens_out=tokens_out,
             compress_s=dt,
+            stopped_by=kept.stopped_by,
+            duplicates=kept.duplicates,
+            duplicate_sentences=kept.duplicate_sentences,
         )
 
     @abstractmethod
-    def _compress(self, query: str, passages: list[Passage], budget: Budget) -> list[CompressedPassage]:
-        """Return the kept passages in input order."""
+    def _compress(self, query: str, passages: list[Passage], budget: Budget) -> list[CompressedPassage] | Kept:
+        """Return the kept passages in input order (or a :class:`Kept` saying also why and what was merged)."""
 
     def index(self, passages: Any) -> IndexReport:
         """Index time: compute the per-passage work of a method that caches it (ICAE memory slots, sentinel

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["split_sentences", "title_core", "title_pattern", "title_mentions"]
+__all__ = ["split_sentences", "title_core", "title_pattern", "title_mentions", "refers_back"]
 
 _WS = re.compile(r"\s+")
 _TRAILING_WS = re.compile(r"\s*")
@@ -127,3 +127,23 @@ def title_mentions(titles: list[str | None], texts: list[str], owner: Sequence[i
     if owner is not None:
         out[np.arange(len(texts)), np.asarray(owner, dtype=np.int64)] = False
     return out
+
+
+# A sentence that opens with a pronoun or a definite description ("The company", "the film") usually names its
+# subject only through the sentence before it: "Ana lives in Lisbon. She has a cat named Tux."
+_BACK_REFERENCE = re.compile(
+    r"^[\"'“‘(\[]*(?:(?:he|she|it|they|his|her|its|their|them|this|these|those|such|both)\b"
+    r"|the\s+(?:latter|former|same|[a-z][a-z-]*\b))", re.IGNORECASE)
+_LOWER_AFTER_THE = re.compile(r"^[\"'“‘(\[]*the\s+(?!latter|former|same)(\S)", re.IGNORECASE)
+
+
+def refers_back(sentence: str) -> bool:
+    """Whether ``sentence`` opens with a back-reference to the one before it: a personal or demonstrative
+    pronoun (He, It, They, Their, This, ...) or a definite description with a common noun ("The company", not
+    "The Beatles")."""
+    s = sentence.lstrip()
+    if not _BACK_REFERENCE.match(s):
+        return False
+    m = _LOWER_AFTER_THE.match(s)
+    return m is None or m.group(1).islower()
+

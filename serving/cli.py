@@ -127,7 +127,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                      fill_budget=args.fill_budget)
     result = run_eval(req, log=lambda m: print(m, file=sys.stderr))
     keys = ["n", "method", "ratio_requested", "em", "f1", "accuracy", "evidence_recall", "tokens_in_mean",
-            "tokens_out_mean", "ratio", "compress_s_mean", "ttft_s_mean", "e2e_s_mean"]
+            "tokens_out_mean", "ratio", "compress_s_mean", "ttft_s_mean", "e2e_s_mean", "stopped_by"]
     print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
     print("| " + " | ".join(_fmt(result.summary.get(k)) for k in keys) + " |")
     if args.out:
@@ -136,6 +136,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _fmt(v: Any) -> str:
+    if isinstance(v, dict):
+        return " ".join(f"{k} {n}" for k, n in v.items()) or "-"
     return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
 
 

@@ -79,9 +79,13 @@ class ProxyHandler:
             return self._compressors[name]
 
     def _budget(self, opts: CompressionOptions | None) -> Budget:
-        if opts is None or (opts.ratio is None and opts.target_tokens is None):
+        if opts is None or (opts.ratio is None and opts.target_tokens is None and opts.early_stop is None):
             return self.budget
-        return Budget(ratio=opts.ratio, target_tokens=opts.target_tokens, threshold=self.budget.threshold)
+        if opts.ratio is None and opts.target_tokens is None:
+            return self.budget.model_copy(update={"early_stop": opts.early_stop})
+        early = self.budget.early_stop if opts.early_stop is None else opts.early_stop
+        return Budget(ratio=opts.ratio, target_tokens=opts.target_tokens, threshold=self.budget.threshold,
+                      early_stop=early)
 
     async def _compress(self, docs: ExtractedDocs,
                         opts: CompressionOptions | None) -> tuple[CompressedContext | None, CompressionInfo]:
@@ -106,7 +110,9 @@ class ProxyHandler:
         ctx = await anyio.to_thread.run_sync(run)
         ms = (time.perf_counter() - t0) * 1000
         return ctx, CompressionInfo(method=ctx.method, enabled=True, documents=len(docs), tokens_before=ctx.tokens_in,
-                                    tokens_after=ctx.tokens_out, ratio=ctx.ratio, compression_ms=round(ms, 3))
+                                    tokens_after=ctx.tokens_out, ratio=ctx.ratio, compression_ms=round(ms, 3),
+                                    stopped_by=ctx.stopped_by, duplicates=ctx.duplicates,
+                                    duplicate_sentences=ctx.duplicate_sentences)
 
     # -- endpoints -------------------------------------------------------------------------------------
     async def chat(self, req: ChatCompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
@@ -153,7 +159,10 @@ def _merge(infos: list[CompressionInfo]) -> CompressionInfo:
     before, after = sum(i.tokens_before for i in infos), sum(i.tokens_after for i in infos)
     return CompressionInfo(method=infos[0].method, enabled=infos[0].enabled, documents=sum(i.documents for i in infos),
                            tokens_before=before, tokens_after=after, ratio=before / after if after else None,
-                           compression_ms=sum(i.compression_ms for i in infos))
+                           compression_ms=sum(i.compression_ms for i in infos),
+                           stopped_by=",".join(sorted({i.stopped_by for i in infos if i.stopped_by})) or None,
+                           duplicates=sum(i.duplicates for i in infos),
+                           duplicate_sentences=sum(i.duplicate_sentences for i in infos))
 
 
 async def _sse_stream(chunks: AsyncIterator[dict[str, Any]], block: dict[str, Any]) -> AsyncIterator[bytes]:

@@ -51,6 +51,9 @@ class CompressionOptions(BaseModel):
     method: str | None = Field(default=None, description="A registered text method (GET /v1/models lists them).")
     ratio: float | None = Field(default=None, ge=1.0, le=1000.0, description="tokens in / tokens out, 1..1000.")
     target_tokens: int | None = Field(default=None, ge=1, description="Keep at most this many document tokens.")
+    early_stop: bool | None = Field(default=None, description="Sentence filters with a min_score (sentinel's 1.5, "
+                                    "tuned for 135M-270M decoders): stop below it, keeping less than the budget. "
+                                    "Unset: the server's default, which fills the budget.")
 
     @model_validator(mode="after")
     def _one_budget(self) -> CompressionOptions:
@@ -140,6 +143,12 @@ class CompressionInfo(BaseModel):
     tokens_after: int
     ratio: float | None = Field(description="tokens_before / tokens_after; null when nothing is left.")
     compression_ms: float
+    stopped_by: str | None = Field(default=None, description="Why fewer tokens may have been kept than the budget: "
+                                   "'budget', 'min_score' (early stop), 'threshold' or 'input' (everything fit); "
+                                   "null for methods that do not select sentences.")
+    duplicates: int = Field(default=0, description="Documents merged into an earlier identical one (kept once).")
+    duplicate_sentences: int = Field(default=0, description="Sentences dropped as repeats of an earlier "
+                                     "document's (overlapping chunks).")
 
 
 class Usage(BaseModel):

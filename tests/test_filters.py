@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from conftest import HOTPOT
 
@@ -157,3 +158,58 @@ def test_complete_links_in_a_compressor(counter):
     tight = get_compressor("bm25", counter=counter, min_score=1e9, complete_links=True).compress(
         q, passages, Budget(target_tokens=room))
     assert [p.text for p in tight.passages] == [first, short] and tight.tokens_out <= room
+
+
+def test_repeated_passages_are_merged_and_counted(counter):
+    """Exact and whitespace-variant repeats of a passage are kept once (the first copy) and counted; a sentence
+    an earlier passage already holds (overlapping chunks) is left out; tokens_in still counts what was sent."""
+    a = {"title": "Ana", "text": "Ana lives in Lisbon. She has a cat named Tux."}
+    a_ws = {"title": "Ana", "text": "Ana lives in  Lisbon.\nShe has a cat named Tux. "}
+    overlap = {"title": "Ana", "text": "She has a cat named Tux. The cat is black."}
+    other = {"title": "Rain", "text": "It rained on Monday. The sun came out later."}
+    bm25 = get_compressor("bm25", counter=counter)
+    ctx = bm25.compress("What is the cat called?", [a, other, a, a_ws, overlap], Budget(ratio=1.0))
+    assert (ctx.duplicates, ctx.duplicate_sentences, ctx.stopped_by) == (2, 1, "input")
+    assert [p.index for p in ctx.passages] == [0, 1, 4] and ctx.passages[2].text == "The cat is black."
+    assert ctx.tokens_in == sum(counter.count(p["text"]) for p in [a, other, a, a_ws, overlap])
+    tight = bm25.compress("What is the cat called?", [a, other, a, a_ws, overlap], Budget(ratio=4))
+    assert tight.duplicates == 2 and tight.stopped_by == "budget" and tight.tokens_out <= tight.tokens_in / 4
+    kept = [p.text for p in tight.passages]
+    assert sum(t.count("Tux") for t in kept) <= 1  # never the same sentence twice
+
+
+def test_early_stop_is_asked_for_and_the_result_says_why(counter):
+    """A min_score given to a filter stops early; a Budget's early_stop turns it on or off per call; a method
+    without min_score fills the budget either way."""
+    q, ps = "Who wrote Hamlet?", PASSAGES
+    cut = get_compressor("bm25", counter=counter, min_score=1e9)
+    assert cut.compress(q, ps, Budget(ratio=1.2)).stopped_by == "min_score"
+    filled = cut.compress(q, ps, Budget(ratio=1.2, early_stop=False))
+    assert filled.stopped_by == "budget" and filled.tokens_out > cut.compress(q, ps, Budget(ratio=1.2)).tokens_out
+    plain = get_compressor("bm25", counter=counter)
+    assert plain.compress(q, ps, Budget(ratio=1.2, early_stop=True)).stopped_by == "budget"
+    assert plain.compress(q, ps, Budget(ratio=1.0)).stopped_by == "input"
+    assert plain.compress(q, ps, Budget(threshold=1e9)).stopped_by == "threshold"
+
+
+def test_back_references_bring_the_referent_and_close_followers():
+    """select_sentences with follows: a kept pronoun sentence brings the one it refers to; a kept sentence brings
+    its back-referring follower only when that scores within ``close``."""
+    from compressor.filters import select_sentences
+
+    scores = np.array([0.5, 0.9, 0.1, 0.45])  # 1 refers back to 0; 3 refers back to 2
+    costs = [5, 5, 5, 5]
+    follows = [-1, 0, -1, 2]
+    assert select_sentences(scores, costs, 5)[0] == [1]
+    assert select_sentences(scores, costs, 10, follows=follows)[0] == [0, 1]  # "He ..." brings "Marco ..."
+    assert select_sentences(scores, costs, 20, follows=follows, close=0.1)[0] == [0, 1, 2, 3]
+    s2 = np.array([0.9, 0.05, 0.3, 0.1])  # 0 kept first; its follower 1 scores far below it
+    assert select_sentences(s2, costs, 10, follows=[-1, 0, -1, -1], close=0.1)[0] == [0, 2]
+    assert select_sentences(s2, costs, 10, follows=[-1, 0, -1, -1], close=0.9)[0] == [0, 1]
+
+
+def test_refers_back():
+    from compressor.text import refers_back
+
+    assert all(refers_back(t) for t in ["He has two dogs.", "It opened in 1932.", "The company grew.", "Their album."])
+    assert not any(refers_back(t) for t in ["The Beatles split.", "Hector left.", "There was rain.", "Items sold."])

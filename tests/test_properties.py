@@ -63,9 +63,17 @@ def check_filter_result(comp, counter, query, ps, budget):
         assert cp.sentence_ids == sorted(set(cp.sentence_ids)) and len(cp.scores) == len(cp.sentence_ids)
         assert cp.tokens_out == counter.count(cp.text)
     assert ctx.tokens_out == sum(cp.tokens_out for cp in ctx.passages)
-    if cap >= ctx.tokens_in:  # documented pass-through: every passage kept verbatim (bar outer whitespace)
+    keys = [(p if isinstance(p, str) else p.get("title"), " ".join(t.split())) for p, t in zip(ps, src)]
+    keys = [(None if isinstance(p, str) else k[0], k[1]) for p, k in zip(ps, keys)]
+    assert ctx.duplicates == len(keys) - len(set(keys))  # repeats are merged into their first copy
+    assert all(keys[cp.index] not in keys[:cp.index] for cp in ctx.passages)
+    if cap >= ctx.tokens_in and not ctx.duplicates and not ctx.duplicate_sentences:
+        # documented pass-through: every passage kept verbatim (bar outer whitespace)
         assert [cp.text for cp in ctx.passages] == [t.strip() for t in src]
         assert [cp.sentence_ids for cp in ctx.passages] == [list(range(len(split_sentences(t)))) for t in src]
+    elif cap >= ctx.tokens_in:  # every sentence once
+        kept = {" ".join(cp.text[s:e].split()) for cp in ctx.passages for s, e in split_sentences(cp.text)}
+        assert kept == {" ".join(t[s:e].split()) for t in src for s, e in split_sentences(t)}
     again = comp.compress(query, ps, budget)  # deterministic
     assert [(p.index, p.text, p.spans, p.scores) for p in again.passages] == \
         [(p.index, p.text, p.spans, p.scores) for p in ctx.passages]

@@ -6,9 +6,9 @@ similarity of MiniLM-L6 sentence embeddings to the question's). They are the che
 attention probe (``sentinel``) has to beat.
 """
 
-from .base import SentenceFilter, SentenceFilterConfig, passage_links, select_within_budget
+from .base import SentenceFilter, SentenceFilterConfig, passage_links, select_sentences, select_within_budget
 from .bm25 import BM25Filter
 from .minilm import MiniLMFilter
 
-__all__ = ["SentenceFilter", "SentenceFilterConfig", "select_within_budget", "passage_links", "BM25Filter",
+__all__ = ["SentenceFilter", "SentenceFilterConfig", "select_sentences", "select_within_budget", "passage_links", "BM25Filter",
            "MiniLMFilter"]

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..base import Budget, CompressedPassage, Compressor, Passage, TokenCounter
+from ..base import Budget, CompressedPassage, Compressor, Kept, Passage, TokenCounter
 from ..errors import InputError
-from ..text import split_sentences, title_core, title_mentions
+from ..text import refers_back, split_sentences, title_core, title_mentions
 
-__all__ = ["SentenceFilterConfig", "SentenceFilter", "Sentence", "select_within_budget", "passage_links"]
+__all__ = ["SentenceFilterConfig", "SentenceFilter", "Sentence", "select_sentences", "select_within_budget",
+           "passage_links", "merge_repeats"]
 
 
 class SentenceFilterConfig(BaseModel):
@@ -23,8 +25,28 @@ class SentenceFilterConfig(BaseModel):
     default_ratio: float = Field(default=5.0, ge=1.0, le=1000.0, description="Ratio used when no budget is given.")
     title_in_score: bool = Field(default=True, description="Prefix the passage title when scoring a sentence.")
     min_score: float | None = Field(
-        default=None, description="When compressing, drop sentences scoring below this even if the budget has room "
-        "(the best sentence is always kept); a budget's own threshold replaces it; None fills the budget.")
+        default=None, description="The early stop's score: with early_stop on, sentences scoring below it are "
+        "dropped even if the budget has room (the best sentence is always kept); a budget's own threshold replaces "
+        "it. None: no early stop.")
+    back_references: bool = Field(
+        default=False, description="A kept sentence that opens with a back-reference (He, It, The company, ...) "
+        "brings the sentence before it, and a kept sentence brings the next one when that one refers back to it "
+        "and scores within back_reference_margin of it.")
+    back_reference_margin: float = Field(
+        default=0.25, ge=0.0, le=1.0, description="How close a back-referring sentence must score to the kept "
+        "sentence before it to come along, as a share of the question's score range (0: only ties).")
+    early_stop: bool | None = Field(
+        default=None, description="Stop at min_score unless the Budget says otherwise. None: on when min_score was "
+        "given here, off for a min_score a trained artifact carries (the shipped sentinel's 1.5 is a mode to "
+        "ask for): the requested budget is filled, which is what a decoder that reads more evidence well wants.")
+
+    def stops_early(self, budget: Budget) -> bool:
+        """Whether this compression stops at ``min_score`` before the budget is full."""
+        if self.min_score is None or budget.threshold is not None:
+            return False
+        if budget.early_stop is not None:
+            return budget.early_stop
+        return self.early_stop if self.early_stop is not None else "min_score" in self.model_fields_set
     complete_links: bool = Field(
         default=False, description="Multi-hop completion: when a kept sentence names another passage by its title "
         "(whole words, case-insensitive, a trailing '(qualifier)' dropped; passages with the sentence's own title "
@@ -45,6 +67,14 @@ class Sentence:
 def select_within_budget(scores: np.ndarray, costs: list[int], max_tokens: int | None,
                          threshold: float | None = None, min_keep: int = 0, owner: list[int] | None = None,
                          links: list[list[int]] | None = None) -> list[int]:
+    """Indices (ascending) of the sentences to keep; see :func:`select_sentences`."""
+    return select_sentences(scores, costs, max_tokens, threshold, min_keep, owner, links)[0]
+
+
+def select_sentences(scores: np.ndarray, costs: list[int], max_tokens: int | None,
+                     threshold: float | None = None, min_keep: int = 0, owner: list[int] | None = None,
+                     links: list[list[int]] | None = None, follows: list[int] | None = None,
+                     close: float | None = None) -> tuple[list[int], Literal["budget", "threshold", "input"]]:
     """Indices (ascending) of the sentences to keep: best score first while the summed cost fits
     ``max_tokens``; with ``threshold`` only sentences scoring at least that, except that the best ``min_keep``
     sentences that fit are kept whatever their score. Ties keep the earlier one.
@@ -53,7 +83,15 @@ def select_within_budget(scores: np.ndarray, costs: list[int], max_tokens: int |
     sentence i is kept in rank order, each named passage with nothing kept yet gets its best sentence that fits,
     whatever its score (see ``SentenceFilterConfig.complete_links``). Completion is one hop: the links of a
     sentence kept by completion are not followed, even when its own rank comes up later, so one strong sentence
-    cannot pull in a chain of passages."""
+    cannot pull in a chain of passages.
+
+    ``follows[j]``: the sentence ``j`` refers back to (the one before it, when it opens with "He", "The
+    company", ...; -1 for none). When ``j`` is kept, that sentence comes with it (a pronoun needs its referent);
+    when a sentence is kept, a sentence referring back to it comes too if it scores within ``close`` of it (its
+    answer may be there, named only by the pronoun). Both if they fit; one hop.
+
+    Also returns why it stopped: ``"threshold"`` (the next sentence scored below ``threshold``), ``"input"``
+    (every sentence was kept) or ``"budget"`` (some did not fit)."""
     n = len(scores)
     if len(costs) != n or (owner is not None and len(owner) != n) or \
             (links is not None and (owner is None or len(links) != n)):
@@ -75,21 +113,33 @@ def select_within_budget(scores: np.ndarray, costs: list[int], max_tokens: int |
             passages_kept.add(owner[i])
         return True
 
+    dependents: dict[int, list[int]] = {}
+    for j, a in enumerate(follows or ()):
+        if a >= 0:
+            dependents.setdefault(a, []).append(j)
     by_passage: dict[int, list[int]] = {}
     if links is not None:
         for i in order:
             by_passage.setdefault(owner[i], []).append(i)  # type: ignore[index]
+    stopped: Literal["budget", "threshold", "input"] | None = None
     for i in order:
         if threshold is not None and scores[i] < threshold and len(kept) >= min_keep:
+            stopped = "threshold"
             break
         if not take(i):
             continue  # a shorter, lower-ranked sentence may still fit
+        if follows is not None:
+            if follows[i] >= 0:
+                take(follows[i])
+            for j in dependents.get(i, ()):
+                if close is not None and scores[j] >= scores[i] - close:
+                    take(j)
         for b in (links[i] if links is not None else ()):
             if b not in passages_kept:
                 for j in by_passage.get(b, ()):  # best first: the first that fits
                     if take(j):
                         break
-    return sorted(kept)
+    return sorted(kept), stopped or ("input" if len(kept) == n else "budget")
 
 
 def passage_links(passages: list[Passage], sentences: list[Sentence]) -> list[list[int]]:
@@ -125,26 +175,52 @@ class SentenceFilter(Compressor):
     def score_sentences(self, query: str, passages: list[Passage], sentences: list[Sentence]) -> np.ndarray:
         """One relevance score per sentence (higher keeps first)."""
 
-    def _compress(self, query: str, passages: list[Passage], budget: Budget) -> list[CompressedPassage]:
-        sents = self.sentences(passages)
-        tokens_in = sum(self.counter.count(p.text) for p in passages)
+    def _compress(self, query: str, passages: list[Passage], budget: Budget) -> Kept:
+        tokens_in = sum(self.counter.count(p.text) for p in passages)  # repeats count: the user sent them
         if budget.ratio is None and budget.target_tokens is None and budget.threshold is None:
-            budget = Budget(ratio=self.config.default_ratio)
+            budget = budget.model_copy(update={"ratio": self.config.default_ratio})
         max_tokens = budget.max_tokens(tokens_in)
-        if max_tokens is not None and max_tokens >= tokens_in and budget.threshold is None:
-            return self._verbatim(passages, sents)  # documented no-op: the budget holds the whole input
-        scores = np.asarray(self.score_sentences(query, passages, sents), dtype=np.float64)
+        unique, where = merge_repeats(passages)
+        sents = self.sentences(unique)
+        first = _first_copies(sents)  # per sentence, the index of its first copy (itself unless a repeat)
+        idx = [i for i, f in enumerate(first) if f == i]
+        merged = dict(duplicates=len(passages) - len(unique), duplicate_sentences=len(sents) - len(idx))
+        # the repeat-free input's size: exact for whole passages; with repeated sentences, the input's (at least)
+        whole = sum(self.counter.count(p.text) for p in unique) if merged["duplicates"] and len(idx) == len(sents) \
+            else tokens_in
+        if (max_tokens is None or max_tokens >= whole) and budget.threshold is None:
+            # documented no-op: the budget holds the whole (repeat-free) input
+            kept = self._verbatim(unique, where, sents) if len(idx) == len(sents) else \
+                self._assemble(unique, where, sents, idx, np.zeros(len(sents)), max_tokens)
+            return Kept(kept, stopped_by="input", **merged)
+        scores = np.asarray(self.score_sentences(query, unique, sents), dtype=np.float64)
+        for i, f in enumerate(first):  # a repeated sentence is kept once, at its first copy, with its best score
+            scores[f] = max(scores[f], scores[i])
         # Reserve one token per kept sentence for the joining space so the joined text fits too.
-        costs = [s.tokens + 1 for s in sents]
-        links = dict(owner=[s.passage for s in sents], links=passage_links(passages, sents)) \
-            if self.config.complete_links else {}
-        if budget.threshold is not None or self.config.min_score is None:
-            keep = select_within_budget(scores, costs, max_tokens, budget.threshold, **links)
+        costs = [sents[i].tokens + 1 for i in idx]
+        links: dict[str, Any] = {}
+        if self.config.complete_links:
+            named = passage_links(unique, sents)
+            links = dict(owner=[sents[i].passage for i in idx], links=[named[i] for i in idx])
+        if self.config.back_references:
+            links.update(self._back_references(sents, idx, scores))
+        if not self.config.stops_early(budget):
+            keep, why = select_sentences(scores[idx], costs, max_tokens, budget.threshold, **links)
         else:
-            keep = select_within_budget(scores, costs, max_tokens, self.config.min_score, min_keep=1, **links)
-        return self._assemble(passages, sents, keep, scores, max_tokens)
+            keep, why = select_sentences(scores[idx], costs, max_tokens, self.config.min_score, min_keep=1, **links)
+            why = "min_score" if why == "threshold" else why
+        kept = self._assemble(unique, where, sents, [idx[k] for k in keep], scores, max_tokens)
+        return Kept(kept, stopped_by=why, **merged)
 
-    def _verbatim(self, passages: list[Passage], sents: list[Sentence]) -> list[CompressedPassage]:
+    def _back_references(self, sents: list[Sentence], idx: list[int], scores: np.ndarray) -> dict[str, Any]:
+        """``follows`` and ``close`` of :func:`select_sentences`, in the positions ``idx`` it selects among."""
+        pos = {i: k for k, i in enumerate(idx)}
+        follows = [pos.get(i - 1, -1) if i > 0 and sents[i - 1].passage == sents[i].passage
+                   and refers_back(sents[i].text) else -1 for i in idx]
+        span = float(scores[idx].max() - scores[idx].min()) if idx else 0.0
+        return {"follows": follows, "close": self.config.back_reference_margin * span}
+
+    def _verbatim(self, passages: list[Passage], where: list[int], sents: list[Sentence]) -> list[CompressedPassage]:
         """Every sentence kept, as the passage has them: one span from the first sentence to the last. Joining
         the sentences with spaces instead could take more tokens than the input (a newline and a space
         tokenize differently), over a budget that holds the whole input."""
@@ -156,13 +232,14 @@ class SentenceFilter(Compressor):
             ss, p = by_p[pi], passages[pi]
             text = p.text[ss[0].start: ss[-1].end]
             out.append(CompressedPassage(
-                index=pi, title=p.title, text=text, spans=[(ss[0].start, ss[-1].end)],
+                index=where[pi], title=p.title, text=text, spans=[(ss[0].start, ss[-1].end)],
                 sentence_ids=[s.index for s in ss], scores=[0.0] * len(ss),
                 tokens_in=self.counter.count(p.text), tokens_out=self.counter.count(text),
             ))
         return out
 
-    def _assemble(self, passages, sents, keep, scores, max_tokens) -> list[CompressedPassage]:
+    def _assemble(self, passages, where, sents, keep, scores, max_tokens) -> list[CompressedPassage]:
+        """The kept sentences ``keep`` of the repeat-free ``passages`` (input positions ``where``), per passage."""
         by_p: dict[int, list[int]] = {}
         for i in keep:
             by_p.setdefault(sents[i].passage, []).append(i)
@@ -171,7 +248,7 @@ class SentenceFilter(Compressor):
             idx = by_p[pi]
             text = " ".join(sents[i].text for i in idx)
             out.append(CompressedPassage(
-                index=pi, title=passages[pi].title, text=text,
+                index=where[pi], title=passages[pi].title, text=text,
                 spans=[(sents[i].start, sents[i].end) for i in idx],
                 sentence_ids=[sents[i].index for i in idx], scores=[float(scores[i]) for i in idx],
                 tokens_in=self.counter.count(passages[pi].text), tokens_out=self.counter.count(text),
@@ -182,5 +259,30 @@ class SentenceFilter(Compressor):
             # completion is usually the weakest, and is not replaced by a shorter one of its passage).
             if total > max_tokens:
                 weakest = min(keep, key=lambda i: (float(scores[i]), -i))
-                return self._assemble(passages, sents, [i for i in keep if i != weakest], scores, max_tokens)
+                return self._assemble(passages, where, sents, [i for i in keep if i != weakest], scores, max_tokens)
         return out
+
+
+def _first_copies(sents: list[Sentence]) -> list[int]:
+    """Per sentence, the index of its first copy (the same text up to whitespace) in an earlier passage, or its
+    own index: overlapping retriever chunks share whole sentences. A passage's own repeats stay its text."""
+    first: dict[str, int] = {}
+    out = []
+    for i, s in enumerate(sents):
+        j = first.setdefault(" ".join(s.text.split()), i)
+        out.append(j if sents[j].passage != s.passage else i)
+    return out
+
+
+def merge_repeats(passages: list[Passage]) -> tuple[list[Passage], list[int]]:
+    """``passages`` without repeats (same title and the same text up to whitespace; the first copy stays), and
+    the input position of each one kept."""
+    seen: set[tuple[str | None, str]] = set()
+    unique, where = [], []
+    for i, p in enumerate(passages):
+        key = (p.title, " ".join(p.text.split()))
+        if key not in seen:
+            seen.add(key)
+            unique.append(p)
+            where.append(i)
+    return unique, where

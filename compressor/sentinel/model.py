@@ -143,7 +143,10 @@ class SentinelCompressor(SentenceFilter):
         if layout.uses_embedder:
             embedder = resolve_base_model(cfg, "embedder", embedder, directory=directory)
         embedder = embedder or SentinelConfig().embedder
-        config = SentinelConfig(**{**cfg["config"], **overrides, "proxy": proxy, "embedder": embedder})
+        # The artifact's min_score is a mode to ask for (Budget.early_stop); a min_score given here asks for it.
+        early = overrides.pop("early_stop", "min_score" in overrides)
+        config = SentinelConfig(**{**cfg["config"], **overrides, "proxy": proxy, "embedder": embedder,
+                                   "early_stop": early})
         if attention is None:
             attention = AttentionReader.load(proxy, dtype=config.dtype, query_positions=config.query_positions,
                                              max_context_tokens=config.max_context_tokens, embedder=config.embedder,
