@@ -50,14 +50,14 @@ harden: models
 # The benchmark of BENCHMARKS.md (resumable: rerun after an interruption). The `bench` extra brings
 # llmlingua (the LongLLMLingua peer), matplotlib (plots) and sacrebleu. `icae@cache`: ICAE slots
 # read from a cache the bench fills before timing.
-BENCH_ARGS ?= --datasets hotpotqa nq-d9 --methods none no_context oracle bm25 minilm sentinel sentinel@cache longllmlingua icae icae@cache --ratios 3 5 --limit 100 --out-dir runs/bench-smollm2
+BENCH_ARGS ?= --datasets hotpotqa nq-d9 --methods none no_context oracle bm25 minilm sentinel sentinel@stop sentinel@cache@stop longllmlingua icae icae@cache --ratios 3 5 --limit 100 --out-dir runs/bench-smollm2
 bench: models
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python examples/benchmark.py $(BENCH_ARGS)
 
 # The text methods read by the second default decoder, Gemma 3 270M (base model, one-shot plain prompt):
 # BENCHMARKS-gemma3-270m.md. The soft families are trained on SmolLM2 and would be skipped here.
-BENCH_GEMMA_ARGS ?= --decoders gemma3-270m --datasets hotpotqa nq-d9 squad-d9 --methods none no_context oracle bm25 minilm sentinel sentinel@cache --ratios 3 5 --limit 100 --out-dir runs/bench-gemma3 --md BENCHMARKS-gemma3-270m.md --publish benchmarks/gemma3-270m
+BENCH_GEMMA_ARGS ?= --decoders gemma3-270m --datasets hotpotqa nq-d9 squad-d9 --methods none no_context oracle bm25 minilm sentinel sentinel@stop sentinel@cache@stop --ratios 3 5 --limit 100 --out-dir runs/bench-gemma3 --md BENCHMARKS-gemma3-270m.md --publish benchmarks/gemma3-270m
 bench-gemma: models-all
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python examples/benchmark.py $(BENCH_GEMMA_ARGS)

@@ -27,14 +27,17 @@ def main() -> int:
 
     # 1. One call.
     full = RAGPipeline(decoder="smollm2-135m-instruct", method="none")
-    pipe = RAGPipeline(decoder=full.backend, method=METHOD, budget=Budget(ratio=5))
+    # early_stop: sentinel stops below its min_score, keeping less than the 5x budget, which is what a 135M
+    # decoder answers best from; a larger decoder reads the filled budget better (leave it out).
+    budget = Budget(ratio=5, early_stop=True)
+    pipe = RAGPipeline(decoder=full.backend, method=METHOD, budget=budget)
     for p in (full, pipe):
         a = p.answer(example.question, example.passages)
         ratio = f"{a.ratio:.1f}x" if a.ratio else "-"
         print(f"[{a.method:>8}] answer: {a.text!r}\n           context tokens {a.tokens_in} -> {a.tokens_out} ({ratio}); "
               f"compress {a.compress_s * 1000:.0f} ms, first token {a.ttft_s * 1000:.0f} ms, total {a.e2e_s * 1000:.0f} ms")
     kept = pipe.compress(example.question, example.passages)
-    print("\nkept sentences:")
+    print(f"\nkept sentences (stopped by: {kept.stopped_by}):")
     for cp in kept.passages:
         print(f"  [{cp.title}] {cp.text}")
 
@@ -42,7 +45,7 @@ def main() -> int:
     from transformers import GenerationConfig, pipeline
 
     chat = pipeline("text-generation", model=full.backend.model, tokenizer=full.backend.tokenizer)
-    generate = compress_messages(chat, pipe.compressor, Budget(ratio=5))
+    generate = compress_messages(chat, pipe.compressor, budget)
     greedy = GenerationConfig(max_new_tokens=24, do_sample=False)  # one config object, not loose arguments
     out = generate([{"role": "system", "content": "Answer with a few words."},
                     {"role": "user", "content": example.question}],

@@ -23,7 +23,7 @@ def model_options(p: argparse.ArgumentParser, model: type[BaseModel], exclude: s
         args = [a for a in typing.get_args(ann) if a is not type(None)]
         if typing.get_origin(ann) is typing.Literal:
             kw["choices"] = list(typing.get_args(ann))
-        elif ann is bool:
+        elif ann is bool or args == [bool]:
             kw["action"] = argparse.BooleanOptionalAction
         elif typing.get_origin(ann) is list:
             kw.update(nargs="+", type=args[0])

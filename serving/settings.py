@@ -21,6 +21,8 @@ class ProxySettings(BaseModel):
     method: str = Field(default="bm25", description="Default compression method (a registered text method).")
     ratio: float | None = Field(default=None, ge=1.0, le=1000.0, description="Default ratio; None: the method's.")
     target_tokens: int | None = Field(default=None, ge=1, description="Default document-token budget.")
+    early_stop: bool | None = Field(default=None, description="Default early stop of sentence filters at their "
+                                    "min_score (a request's compression.early_stop overrides it); unset: fill.")
     model: str = Field(default="smollm2-135m-instruct", description="In-process decoder (named or HF folder).")
     served_model_name: str | None = Field(default=None, description="Name clients use; default: model.")
     upstream: str | None = Field(default=None, description="Remote OpenAI base URL (…/v1); None: in-process.")
@@ -55,7 +57,7 @@ class ProxySettings(BaseModel):
         return self
 
     def budget(self) -> Budget:
-        return Budget(ratio=self.ratio, target_tokens=self.target_tokens)
+        return Budget(ratio=self.ratio, target_tokens=self.target_tokens, early_stop=self.early_stop)
 
     def limits(self) -> InputLimits:
         return InputLimits(max_documents=self.max_documents, max_document_tokens=self.max_document_tokens,

@@ -161,13 +161,15 @@ def test_options_from_a_model_are_typed_and_keep_the_model_default():
         rate: float | None = None
         mode: Literal["a", "b"] = "a"
         flag: bool = False
+        maybe: bool | None = None
         names: list[str] = Field(default_factory=list)
 
     p = argparse.ArgumentParser()
     model_options(p, Opts, rename={"rate": "--lr"})
     assert from_args(Opts, p.parse_args([])) == Opts()
-    o = from_args(Opts, p.parse_args(["--steps", "7", "--lr", "0.5", "--mode", "b", "--flag", "--names", "x", "y"]))
-    assert o == Opts(steps=7, rate=0.5, mode="b", flag=True, names=["x", "y"])
+    o = from_args(Opts, p.parse_args(["--steps", "7", "--lr", "0.5", "--mode", "b", "--flag", "--names", "x", "y",
+                                      "--no-maybe"]))
+    assert o == Opts(steps=7, rate=0.5, mode="b", flag=True, names=["x", "y"], maybe=False)
     with pytest.raises(SystemExit):
         p.parse_args(["--mode", "c"])
     assert "how many (default: 3)" in p.format_help()

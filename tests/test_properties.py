@@ -72,7 +72,8 @@ def check_filter_result(comp, counter, query, ps, budget):
         assert [cp.text for cp in ctx.passages] == [t.strip() for t in src]
         assert [cp.sentence_ids for cp in ctx.passages] == [list(range(len(split_sentences(t)))) for t in src]
     elif cap >= ctx.tokens_in:  # every sentence once
-        kept = {" ".join(cp.text[s:e].split()) for cp in ctx.passages for s, e in split_sentences(cp.text)}
+        kept = {" ".join(src[cp.index][s:e].split()) for cp in ctx.passages for s, e in split_sentences(src[cp.index])
+                if any(a <= s and e <= b for a, b in cp.spans)}
         assert kept == {" ".join(t[s:e].split()) for t in src for s, e in split_sentences(t)}
     again = comp.compress(query, ps, budget)  # deterministic
     assert [(p.index, p.text, p.spans, p.scores) for p in again.passages] == \
