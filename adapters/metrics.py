@@ -73,11 +73,15 @@ def evidence_recall(ctx: CompressedContext, passages: Sequence[Passage], min_cov
     every passage they encode; dropped passages lose their evidence."""
     total, kept = 0, 0
     by_index = {p.index: p for p in ctx.passages}
+    # A repeat the compressor merged into its first copy counts as kept where that copy's text was kept.
+    merged = " ".join(" ".join((cp.text or "").split()) for cp in ctx.passages) \
+        if ctx.duplicates or ctx.duplicate_sentences else None
     for i, p in enumerate(passages):
         for s, e in p.evidence or ():
             total += 1
             cp = by_index.get(i)
             if cp is None:
+                kept += merged is not None and " ".join(p.text[s:e].split()) in merged
                 continue
             if ctx.kind == "soft":
                 kept += 1
@@ -85,5 +89,7 @@ def evidence_recall(ctx: CompressedContext, passages: Sequence[Passage], min_cov
             chars = [k for k in range(s, e) if not p.text[k].isspace()]
             inside = sum(1 for k in chars if any(a <= k < b for a, b in cp.spans))
             if chars and inside / len(chars) >= min_cover:
+                kept += 1
+            elif merged is not None and " ".join(p.text[s:e].split()) in merged:
                 kept += 1
     return kept / total if total else None

@@ -145,7 +145,8 @@ class CompressionInfo(BaseModel):
     compression_ms: float
     stopped_by: str | None = Field(default=None, description="Why fewer tokens may have been kept than the budget: "
                                    "'budget', 'min_score' (early stop), 'threshold' or 'input' (everything fit); "
-                                   "null for methods that do not select sentences.")
+                                   "comma-separated when a completion request has several prompts; null for "
+                                   "methods that do not select sentences.")
     duplicates: int = Field(default=0, description="Documents merged into an earlier identical one (kept once).")
     duplicate_sentences: int = Field(default=0, description="Sentences dropped as repeats of an earlier "
                                      "document's (overlapping chunks).")

@@ -213,3 +213,20 @@ def test_refers_back():
 
     assert all(refers_back(t) for t in ["He has two dogs.", "It opened in 1932.", "The company grew.", "Their album."])
     assert not any(refers_back(t) for t in ["The Beatles split.", "Hector left.", "There was rain.", "Items sold."])
+
+
+def test_merged_repeats_keep_their_evidence_and_referents(counter):
+    """Evidence in a merged copy counts as kept where its first copy was kept; a pronoun sentence whose referent
+    repeats an earlier passage's sentence still brings it."""
+    from adapters.metrics import evidence_recall
+
+    t = "Ana lives in Lisbon. She has a cat named Tux."
+    ps = [Passage(title="Ana", text=t, evidence=((0, 20),)), Passage(title="Ana", text=t, evidence=((0, 20),))]
+    ctx = get_compressor("bm25", counter=counter).compress("Where does Ana live?", ps, Budget(ratio=1))
+    assert ctx.duplicates == 1 and evidence_recall(ctx, ps) == 1.0
+    a = Passage(title="A", text="Lisbon is the capital of Portugal. The old city sits by a river.")
+    b = Passage(title="B", text="Lisbon is the capital of Portugal. It has yellow trams on steep hills.")
+    bm25 = get_compressor("bm25", counter=counter, back_references=True)
+    ctx = bm25.compress("Which city has yellow trams?", [a, b], Budget(target_tokens=21))
+    kept = " ".join(p.text for p in ctx.passages)
+    assert ctx.duplicate_sentences == 1 and "yellow trams" in kept and "Lisbon is the capital" in kept, kept

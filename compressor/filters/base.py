@@ -203,19 +203,23 @@ class SentenceFilter(Compressor):
             named = passage_links(unique, sents)
             links = dict(owner=[sents[i].passage for i in idx], links=[named[i] for i in idx])
         if self.config.back_references:
-            links.update(self._back_references(sents, idx, scores))
+            links.update(self._back_references(sents, idx, first, scores))
         if not self.config.stops_early(budget):
             keep, why = select_sentences(scores[idx], costs, max_tokens, budget.threshold, **links)
         else:
             keep, why = select_sentences(scores[idx], costs, max_tokens, self.config.min_score, min_keep=1, **links)
             why = "min_score" if why == "threshold" else why
         kept = self._assemble(unique, where, sents, [idx[k] for k in keep], scores, max_tokens)
+        if sum(len(p.sentence_ids) for p in kept) < len(keep):  # the joined text ran over: the weakest went
+            why = "budget"
         return Kept(kept, stopped_by=why, **merged)
 
-    def _back_references(self, sents: list[Sentence], idx: list[int], scores: np.ndarray) -> dict[str, Any]:
-        """``follows`` and ``close`` of :func:`select_sentences`, in the positions ``idx`` it selects among."""
+    def _back_references(self, sents: list[Sentence], idx: list[int], first: list[int],
+                         scores: np.ndarray) -> dict[str, Any]:
+        """``follows`` and ``close`` of :func:`select_sentences`, in the positions ``idx`` it selects among (a
+        referent that repeats an earlier passage's sentence is that first copy)."""
         pos = {i: k for k, i in enumerate(idx)}
-        follows = [pos.get(i - 1, -1) if i > 0 and sents[i - 1].passage == sents[i].passage
+        follows = [pos.get(first[i - 1], -1) if i > 0 and sents[i - 1].passage == sents[i].passage
                    and refers_back(sents[i].text) else -1 for i in idx]
         span = float(scores[idx].max() - scores[idx].min()) if idx else 0.0
         return {"follows": follows, "close": self.config.back_reference_margin * span}

@@ -144,7 +144,8 @@ class SentinelCompressor(SentenceFilter):
             embedder = resolve_base_model(cfg, "embedder", embedder, directory=directory)
         embedder = embedder or SentinelConfig().embedder
         # The artifact's min_score is a mode to ask for (Budget.early_stop); a min_score given here asks for it.
-        early = overrides.pop("early_stop", "min_score" in overrides)
+        early = overrides.pop("early_stop", None)
+        early = ("min_score" in overrides) if early is None else early
         config = SentinelConfig(**{**cfg["config"], **overrides, "proxy": proxy, "embedder": embedder,
                                    "early_stop": early})
         if attention is None:

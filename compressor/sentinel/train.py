@@ -301,6 +301,7 @@ def train_sentinel(
                                               rerank_top_k, sorted({q.source for q in feats}), rerank, log)
     probe, reranker = two_stage or (probe, None)
     config = SentinelConfig(proxy=proxy, layers=chosen["layers"], embedder=embedder, min_score=min_score,
+                            early_stop=False,  # as the saved artifact loads: the min_score stop is asked for
                             complete_links=complete_links)
     comp = SentinelCompressor(counter, config, probe, attention, layout=layout, reranker=reranker)
     return comp, _report(feats, qs, {**chosen, "layout": layout_name}, rerank_report, ablation, rows, table.layers)
