@@ -116,7 +116,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True, log: Callable[[str], None
                         log(f"{dec} | {spec.label} | {m} | ratio {r}: {len(todo)} questions")
                         if CACHED in m:  # fill the cache first (index time); the timed run reads it
                             comps[m].index([p for e in todo for p in e.passages])
-                        budget = Budget(ratio=r, early_stop=True if STOP in m else None)
+                        budget = Budget(ratio=r or None, early_stop=True if STOP in m else None)
 
                         def write(rec: dict, _m=m, _r=r, _dec=dec, _ds=spec.label) -> None:
                             rec.update(decoder=_dec, dataset=_ds, method=_m, ratio_requested=_r,

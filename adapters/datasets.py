@@ -110,13 +110,14 @@ _FIX = {
 }
 
 
-def _validate(model: type[BaseModel], obj: Any, where: str, kind: str) -> Any:
-    """``obj`` as ``model``; the first problem becomes one line naming ``where`` and the field."""
+def _validate(model: type[BaseModel], obj: Any, where: str, kind: str, prefix: str = "") -> Any:
+    """``obj`` as ``model``; the first problem becomes one line naming ``where`` and the field (``prefix``: the
+    path of ``obj`` inside its record)."""
     try:
         return model.model_validate(obj)
     except ValidationError as e:
         err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "(the record)"
+        loc = prefix + (".".join(str(x) for x in err["loc"]) or "(the record)")
         raise InputError(f"{where}: field {loc!r}: {err['msg']}; {_FIX[kind]}") from None
 
 
@@ -253,12 +254,7 @@ def load_passages(path: str | Path) -> list[Passage]:
 
 def _passage(obj: Any, where: str, kind: str, prefix: str = "") -> Passage:
     """A passage given as a string or as an object; a bad one is named by ``where`` and its field."""
-    try:
-        return Passage.model_validate({"text": obj} if isinstance(obj, str) else obj)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = prefix + (".".join(str(x) for x in err["loc"]) or "(the passage)")
-        raise InputError(f"{where}: field {loc!r}: {err['msg']}; {_FIX[kind]}") from None
+    return _validate(Passage, {"text": obj} if isinstance(obj, str) else obj, where, kind, prefix)
 
 
 # -- one loading path for eval, index and the benchmark --------------------------------------------------------

@@ -135,40 +135,20 @@ def evaluate(
     records = []
     for ex in tqdm(examples, desc=f"eval {compressor.name}", disable=not progress, leave=False):
         ctx = compressor.compress(ex.question, ex.passages, budget)
-        if not generate:
-            rec = {"id": ex.id, "question": ex.question, "answers": ex.answers, "prediction": None, "em": None,
-                   "f1": None, "accuracy": None, "evidence_recall": evidence_recall(ctx, ex.passages),
-                   "tokens_in": ctx.tokens_in, "tokens_out": ctx.tokens_out, "prompt_tokens": None,
-                   "compress_s": ctx.compress_s, "ttft_s": None, "e2e_s": ctx.compress_s, "new_tokens": 0,
-                   "stopped_by": ctx.stopped_by, "duplicates": ctx.duplicates}
-            records.append(rec)
-            if on_sample:
-                on_sample(rec)
-            continue
-        prompt = backend.prompt_builder().build(ctx)
-        gen = backend.generate([prompt], params)[0]
-        pred = gen.text.strip()
-        rec = {
-            "id": ex.id,
-            "question": ex.question,
-            "answers": ex.answers,
-            "prediction": pred,
-            "em": exact_match(pred, ex.answers),
-            "f1": f1_score(pred, ex.answers),
-            # an unanswerable question (no gold answer) is answered correctly by abstaining
-            "accuracy": accuracy(pred, ex.answers) if ex.answers else float(abstained(pred)),
-            "abstained": abstained(pred),
-            "evidence_recall": evidence_recall(ctx, ex.passages),
-            "tokens_in": ctx.tokens_in,
-            "tokens_out": ctx.tokens_out,
-            "prompt_tokens": gen.prompt_tokens,
-            "compress_s": ctx.compress_s,
-            "ttft_s": gen.ttft_s,
-            "e2e_s": gen.e2e_s + ctx.compress_s,
-            "new_tokens": len(gen.token_ids),
-            "stopped_by": ctx.stopped_by,
-            "duplicates": ctx.duplicates,
-        }
+        rec = {"id": ex.id, "question": ex.question, "answers": ex.answers, "prediction": None, "em": None,
+               "f1": None, "accuracy": None, "evidence_recall": evidence_recall(ctx, ex.passages),
+               "tokens_in": ctx.tokens_in, "tokens_out": ctx.tokens_out, "prompt_tokens": None,
+               "compress_s": ctx.compress_s, "ttft_s": None, "e2e_s": ctx.compress_s, "new_tokens": 0,
+               "stopped_by": ctx.stopped_by, "duplicates": ctx.duplicates}
+        if generate:
+            gen = backend.generate([backend.prompt_builder().build(ctx)], params)[0]
+            pred = gen.text.strip()
+            rec.update(
+                prediction=pred, em=exact_match(pred, ex.answers), f1=f1_score(pred, ex.answers),
+                # an unanswerable question (no gold answer) is answered correctly by abstaining
+                accuracy=accuracy(pred, ex.answers) if ex.answers else float(abstained(pred)),
+                abstained=abstained(pred), prompt_tokens=gen.prompt_tokens, ttft_s=gen.ttft_s,
+                e2e_s=gen.e2e_s + ctx.compress_s, new_tokens=len(gen.token_ids))
         records.append(rec)
         if on_sample:
             on_sample(rec)

@@ -158,16 +158,13 @@ def write_artifact(directory: str | Path, config: dict[str, Any], tensors: dict[
 
 
 def _sha256(path: Path) -> str:
-    import hashlib
+    """The sha256 of ``path``, or ``"none"`` when another writer has just swapped it away."""
+    from .models import file_sha256
 
-    h = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
+        return file_sha256(path)
     except OSError:
         return "none"
-    return h.hexdigest()
 
 
 def read_artifact(directory: str | Path, expected_type: str, format_version: int,

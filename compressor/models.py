@@ -85,7 +85,8 @@ def _package_dir(spec: ModelSpec) -> Path:
     return Path(list(found.submodule_search_locations)[0])
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -133,7 +134,7 @@ def _convert_gguf(spec: ModelSpec, final: Path) -> None:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         (tmp / SOURCE_FILE).write_text(
-            json.dumps({"name": spec.name, "source": src.name, "sha256": _sha256(src)}, indent=2)
+            json.dumps({"name": spec.name, "source": src.name, "sha256": file_sha256(src)}, indent=2)
         )
         try:
             os.rename(tmp, final)
@@ -170,7 +171,7 @@ def _folder_fingerprint(path: str, stamp: tuple) -> str:
     h = hashlib.sha256()
     for f in sorted(Path(path).glob("*.safetensors")):
         h.update(f.name.encode())
-        h.update(_sha256(f).encode())
+        h.update(file_sha256(f).encode())
     return h.hexdigest()
 
 

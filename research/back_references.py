@@ -68,7 +68,7 @@ def main() -> int:
             c.score_sentences = _cached(c.score_sentences, memo)
         for ds, exs in data.items():
             for ratio, stop in ((3.0, False), (5.0, False), (3.0, True), (5.0, True)):
-                if stop and c.config.min_score is None:
+                if stop and comps["off"].config.min_score is None:  # no min_score: no early stop to measure
                     continue
                 for name, c in comps.items():
                     hit = {"back": [0, 0], "other": [0, 0]}

@@ -15,7 +15,6 @@ from .options import model_options as _model_options
 
 __all__ = ["main", "build_parser"]
 
-DATASET_KINDS = ["hotpotqa", "nq", "squad", "jsonl"]
 DEFAULT_DECODER = "smollm2-135m-instruct"
 
 
@@ -30,7 +29,7 @@ def _add_method(p: argparse.ArgumentParser, decoder_help: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from adapters.bench import add_bench_options
-    from adapters.datasets import DatasetSpec
+    from adapters.datasets import DATASETS, DatasetSpec
     from adapters.evaluate import EvalRequest
     from adapters.train import SentinelTraining, SoftData
     from compressor.base import Budget
@@ -42,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     ev = sub.add_parser("eval", help="answer a dataset with one method and score it")
-    ev.add_argument("--dataset", required=True, choices=DATASET_KINDS)
+    ev.add_argument("--dataset", required=True, choices=DATASETS)
     ev.add_argument("--path", required=True, type=Path)
     _add_method(ev, "named model or local HF folder")
     _model_options(ev, Budget)
@@ -63,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     ix.add_argument("--cache-dir", required=True, type=Path, help="the cache folder; compress with the same cache_dir")
     src = ix.add_mutually_exclusive_group(required=True)
     src.add_argument("--passages", type=Path, help="JSONL, one passage per line: a string or {\"title\", \"text\"}")
-    src.add_argument("--dataset", choices=DATASET_KINDS, help="index every passage of this dataset file (--path)")
+    src.add_argument("--dataset", choices=DATASETS, help="index every passage of this dataset file (--path)")
     ix.add_argument("--path", type=Path, help="the dataset file, with --dataset")
     ix.add_argument("--limit", type=int, help="with --dataset: the first N questions' passages")
     ix.add_argument("--chunk", type=int, default=256, help="passages per step of the progress bar")

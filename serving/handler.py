@@ -79,13 +79,13 @@ class ProxyHandler:
             return self._compressors[name]
 
     def _budget(self, opts: CompressionOptions | None) -> Budget:
-        if opts is None or (opts.ratio is None and opts.target_tokens is None and opts.early_stop is None):
+        """The server's budget with what the request's ``compression`` block sets (validated there)."""
+        if opts is None:
             return self.budget
-        if opts.ratio is None and opts.target_tokens is None:
-            return self.budget.model_copy(update={"early_stop": opts.early_stop})
-        early = self.budget.early_stop if opts.early_stop is None else opts.early_stop
-        return Budget(ratio=opts.ratio, target_tokens=opts.target_tokens, threshold=self.budget.threshold,
-                      early_stop=early)
+        update: dict[str, Any] = {} if opts.early_stop is None else {"early_stop": opts.early_stop}
+        if opts.ratio is not None or opts.target_tokens is not None:
+            update.update(ratio=opts.ratio, target_tokens=opts.target_tokens)
+        return self.budget.model_copy(update=update)
 
     async def _compress(self, docs: ExtractedDocs,
                         opts: CompressionOptions | None) -> tuple[CompressedContext | None, CompressionInfo]:

@@ -40,6 +40,12 @@ class SentenceFilterConfig(BaseModel):
         "given here, off for a min_score a trained artifact carries (the shipped sentinel's 1.5 is a mode to "
         "ask for): the requested budget is filled, which is what a decoder that reads more evidence well wants.")
 
+    complete_links: bool = Field(
+        default=False, description="Multi-hop completion: when a kept sentence names another passage by its title "
+        "(whole words, case-insensitive, a trailing '(qualifier)' dropped; passages with the sentence's own title "
+        "excepted) and nothing of that passage is kept yet, that passage's best sentence that fits is kept next, "
+        "whatever its score: a bridge question's second hop rarely shares words with the question.")
+
     def stops_early(self, budget: Budget) -> bool:
         """Whether this compression stops at ``min_score`` before the budget is full."""
         if self.min_score is None or budget.threshold is not None:
@@ -47,11 +53,6 @@ class SentenceFilterConfig(BaseModel):
         if budget.early_stop is not None:
             return budget.early_stop
         return self.early_stop if self.early_stop is not None else "min_score" in self.model_fields_set
-    complete_links: bool = Field(
-        default=False, description="Multi-hop completion: when a kept sentence names another passage by its title "
-        "(whole words, case-insensitive, a trailing '(qualifier)' dropped; passages with the sentence's own title "
-        "excepted) and nothing of that passage is kept yet, that passage's best sentence that fits is kept next, "
-        "whatever its score: a bridge question's second hop rarely shares words with the question.")
 
 
 @dataclass(frozen=True)
