@@ -12,6 +12,7 @@ from .base import Budget, CompressedContext, CompressedPassage, Compressor, Inde
 from .errors import (
     ArtifactError,
     BaseModelMismatchError,
+    BudgetError,
     ConfigError,
     InputError,
     MissingExtraError,
@@ -26,6 +27,7 @@ __all__ = [
     "ArtifactError",
     "BaseModelMismatchError",
     "Budget",
+    "BudgetError",
     "CompressedContext",
     "CompressedPassage",
     "Compressor",

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .errors import ConfigError, InputError
+from .errors import BudgetError, ConfigError, InputError
 
 __all__ = [
     "Kept",
@@ -34,7 +34,7 @@ __all__ = [
     "coerce_passages",
 ]
 
-StopReason = Literal["budget", "min_score", "threshold", "input"]
+StopReason = Literal["budget", "min_score", "threshold", "input", "granularity", "passed_through"]
 Span = tuple[int, int]
 
 
@@ -70,7 +70,15 @@ class Budget(BaseModel):
     (the method's default). A budget at or above the input size is a documented no-op: everything is kept.
     ``threshold`` (score-based filters only) keeps every sentence scoring at least that value, capped by the
     token budget if one is also given (a filter with ``complete_links`` may add a named passage's best sentence
-    below it)."""
+    below it).
+
+    The contract every method keeps: ``ratio`` and ``target_tokens`` are *targets*. A method that cannot land
+    on one rounds to its granularity (a sentence filter keeps at least its best sentence; a soft method gives
+    every segment at least one slot; a passage no shorter than its slots passes as text) and the result says
+    so (:attr:`CompressedContext.stopped_by` ``granularity`` / ``passed_through``, next to the reached
+    :attr:`~CompressedContext.ratio` and the :attr:`~CompressedContext.asked_ratio`). With ``strict`` the
+    target is a hard cap: a method whose least output is over it raises :class:`~compressor.errors.BudgetError`
+    naming the ratio it can reach, and never returns more than the cap."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -81,6 +89,9 @@ class Budget(BaseModel):
         default=None, description="Sentence filters with a min_score (the shipped sentinel's 1.5): stop below it, "
         "keeping fewer tokens than the budget (what 135M-270M decoders answer best from). None: the method's "
         "default, which is to fill the budget.")
+    strict: bool = Field(
+        default=False, description="Make ratio / target_tokens a hard cap: refuse (BudgetError) when the method "
+        "cannot get under it, instead of rounding to its granularity and saying so.")
 
     @model_validator(mode="after")
     def _one_of(self) -> Budget:
@@ -94,6 +105,14 @@ class Budget(BaseModel):
             return min(self.target_tokens, tokens_in)
         if self.ratio is not None:
             return max(1, int(tokens_in / self.ratio))
+        return None
+
+    def asked_ratio(self, tokens_in: int) -> float | None:
+        """The ratio this budget asks of an input of ``tokens_in`` tokens (None: the method's default)."""
+        if self.ratio is not None:
+            return self.ratio
+        if self.target_tokens is not None and tokens_in:
+            return tokens_in / min(self.target_tokens, tokens_in)
         return None
 
 
@@ -126,10 +145,15 @@ class CompressedContext(BaseModel):
     tokens_in: int = Field(description="Context tokens before compression, in the decoder's tokenizer.")
     tokens_out: int = Field(description="Context tokens (text) or soft rows after compression.")
     compress_s: float = 0.0
+    asked_ratio: float | None = Field(default=None, description="The ratio the budget asked for (target_tokens "
+                                      "as tokens_in / target_tokens); None: the method's default.")
     stopped_by: StopReason | None = Field(
-        default=None, description="Why a sentence filter kept what it kept: 'budget' (the next sentence did not "
-        "fit), 'min_score' (early stop below the method's min_score), 'threshold' (the budget's threshold), "
-        "'input' (everything fit). None: the method does not select sentences.")
+        default=None, description="Why the method kept what it kept, and so why the reached ratio differs from the "
+        "asked one: 'budget' (the next sentence, or nothing more, fit), 'min_score' (early stop below the "
+        "method's min_score), 'threshold' (the budget's threshold), 'input' (the whole input fit), "
+        "'granularity' (the least the method keeps, one sentence or one slot per segment, is over the target), "
+        "'passed_through' (passages no longer than their compressed form went as text, or the method does not "
+        "compress). None: the method keeps no budget (no_context).")
     duplicates: int = Field(default=0, description="Input passages dropped as repeats of an earlier one (same "
                             "title and text up to whitespace): scored, counted in tokens_in and kept once.")
     duplicate_sentences: int = Field(default=0, description="Sentences dropped as repeats of one in an earlier "
@@ -151,6 +175,7 @@ class CompressedContext(BaseModel):
             "tokens_in": self.tokens_in,
             "tokens_out": self.tokens_out,
             "ratio": self.ratio,
+            "asked_ratio": self.asked_ratio,
             "compress_s": self.compress_s,
             "stopped_by": self.stopped_by,
             "duplicates": self.duplicates,
@@ -269,6 +294,12 @@ class Compressor(ABC):
             kept = Kept(kept)
         tokens_in = sum(self.counter.count(p.text) for p in plist)
         tokens_out = sum(p.tokens_out for p in kept.passages)
+        stopped_by = kept.stopped_by
+        cap = budget.max_tokens(tokens_in)
+        if cap is not None and tokens_out > cap:  # the contract: a target rounds, a strict budget refuses
+            if stopped_by not in ("granularity", "passed_through"):
+                stopped_by = "granularity"
+            self.check_strict(budget, tokens_in, tokens_out, stopped_by)
         return CompressedContext(
             method=self.name,
             kind=self.kind,
@@ -278,7 +309,8 @@ class Compressor(ABC):
             tokens_in=tokens_in,
             tokens_out=tokens_out,
             compress_s=dt,
-            stopped_by=kept.stopped_by,
+            asked_ratio=budget.asked_ratio(tokens_in),
+            stopped_by=stopped_by,
             duplicates=kept.duplicates,
             duplicate_sentences=kept.duplicate_sentences,
         )
@@ -286,6 +318,20 @@ class Compressor(ABC):
     @abstractmethod
     def _compress(self, query: str, passages: list[Passage], budget: Budget) -> list[CompressedPassage] | Kept:
         """Return the kept passages in input order (or a :class:`Kept` saying also why and what was merged)."""
+
+    def check_strict(self, budget: Budget, tokens_in: int, least: int, why: str) -> None:
+        """Raise :class:`BudgetError` when ``budget`` is strict and ``least``, the fewest tokens (or rows) this
+        method can keep of ``tokens_in``, is over its cap. Methods call it before costly work; :meth:`compress`
+        calls it on every result."""
+        cap = budget.max_tokens(tokens_in)
+        if not budget.strict or cap is None or least <= cap:
+            return
+        asked = f"ratio {budget.ratio:g}" if budget.ratio is not None else f"target_tokens {budget.target_tokens}"
+        reach = f"ratio <= {tokens_in / least:.2f} or " if least else ""
+        raise BudgetError(
+            f"{self.name} cannot keep these {tokens_in} tokens within the strict budget of {cap} ({asked}): the least "
+            f"it keeps is {least} ({why.replace('_', ' ')}); ask for {reach}target_tokens >= {least}, or drop strict "
+            "to let it round to its granularity and report the ratio it reached")
 
     def index(self, passages: Any) -> IndexReport:
         """Index time: compute the per-passage work of a method that caches it (ICAE memory slots, sentinel

@@ -6,6 +6,7 @@ The CLI and the proxy turn them into user-facing errors once, at the edge.
     RagpressError
     ├── ConfigError              a config value is out of range or of the wrong kind
     ├── InputError               a query, passage or budget given to compress()/generate() is unusable
+    │   └── BudgetError              a strict budget the method cannot get under
     ├── UnknownNameError         a registry lookup failed (lists the registered names)
     ├── ModelNotAvailableError   a named model's package is missing (names the pip install to run)
     ├── ArtifactError            a trained artifact is corrupt, from the future, or has pickles
@@ -20,6 +21,7 @@ __all__ = [
     "RagpressError",
     "ConfigError",
     "InputError",
+    "BudgetError",
     "UnknownNameError",
     "ModelNotAvailableError",
     "ArtifactError",
@@ -39,6 +41,11 @@ class ConfigError(RagpressError, ValueError):
 
 class InputError(RagpressError, ValueError):
     """Input given to a compressor or pipeline is unusable."""
+
+
+class BudgetError(InputError):
+    """A strict budget (``Budget.strict``) is below the least the method keeps; the message names the ratio it
+    can reach."""
 
 
 class UnknownNameError(RagpressError, KeyError):

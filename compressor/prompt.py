@@ -21,7 +21,7 @@ from typing import Any, Literal
 from .base import CompressedContext
 from .errors import InputError
 
-__all__ = ["PromptTemplate", "Prompt", "PromptBuilder", "embed_prompt"]
+__all__ = ["PromptTemplate", "Prompt", "PromptBuilder", "embed_prompt", "splice_mark"]
 
 _MARK = "\x00RAGPRESS_DOC_{}\x00"
 
@@ -125,23 +125,40 @@ class PromptBuilder:
         """The prompt for a compressed context: text methods as text, soft methods with rows spliced in."""
         if not ctx.passages:
             return self.build_text(ctx.query, None)
-        if ctx.kind == "text":
+        if not any(p.embeds is not None for p in ctx.passages):  # text methods, or soft ones passing text
             docs = "\n".join(_doc_line(i + 1, p.title, p.text or "") for i, p in enumerate(ctx.passages))
             return self.build_text(ctx.query, docs)
-        docs = "\n".join(_doc_line(i + 1, p.title, _MARK.format(i)) for i, p in enumerate(ctx.passages))
-        text = self.render(ctx.query, docs)
+        # a passage of slots sits where its text would be; one that passed as text stays text
+        docs = "\n".join(_doc_line(i + 1, p.title, _MARK.format(i) if p.embeds is not None else p.text or "")
+                         for i, p in enumerate(ctx.passages))
+        rows = {_MARK.format(i): p.embeds for i, p in enumerate(ctx.passages) if p.embeds is not None}
+        return self.splice(self.render(ctx.query, docs), rows)
+
+    def splice(self, text: str, rows: dict[str, Any], stop: tuple[str, ...] | None = None) -> Prompt:
+        """A prompt from rendered ``text`` holding splice marks: each mark (a key of ``rows``, made by
+        :func:`splice_mark`) is replaced by its soft rows, the text between marks is tokenized piece by piece.
+        The proxy builds its chat prompts through this too, so both tokenize the same way. ``stop`` None: the
+        template's own (one answer line)."""
         segments: list[Any] = []
         bos = self._bos()
         rest = text
-        for i, p in enumerate(ctx.passages):
-            before, rest = rest.split(_MARK.format(i), 1)
+        for mark, embeds in rows.items():
+            if mark not in rest:
+                raise ValueError(f"splice mark {mark!r} is not in the rendered prompt (or is out of order)")
+            before, rest = rest.split(mark, 1)
             segments.append(bos + self._encode(before))
             bos = []
-            if p.embeds is None:
-                raise ValueError(f"passage {p.index} of a soft context has no embeds")
-            segments.append(p.embeds)
-        segments.append(self._encode(rest))
-        return Prompt(segments=[s for s in segments if not (isinstance(s, list) and not s)], stop=self._stop())
+            if embeds is None:
+                raise ValueError(f"splice mark {mark!r} has no soft rows")
+            segments.append(embeds)
+        segments.append(bos + self._encode(rest))
+        return Prompt(segments=[s for s in segments if not (isinstance(s, list) and not s)],
+                      stop=self._stop() if stop is None else stop)
+
+
+def splice_mark(i: int) -> str:
+    """The placeholder a rendered prompt holds where passage ``i``'s soft rows go (see :meth:`PromptBuilder.splice`)."""
+    return _MARK.format(i)
 
 
 def _doc_line(n: int, title: str | None, body: str) -> str:

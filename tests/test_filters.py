@@ -7,7 +7,7 @@ from conftest import HOTPOT
 from adapters.datasets import load_dataset
 from adapters.metrics import evidence_recall
 from compressor import Budget, Passage, get_compressor
-from compressor.errors import InputError
+from compressor.errors import BudgetError, InputError
 from compressor.filters import select_within_budget
 from compressor.filters.base import Sentence
 from compressor.text import split_sentences
@@ -31,11 +31,20 @@ def test_select_within_budget():
 
 @pytest.mark.parametrize("method", ["bm25", "minilm"])
 @pytest.mark.parametrize("budget", [Budget(ratio=2), Budget(ratio=5), Budget(target_tokens=12), Budget(target_tokens=1)])
-def test_budget_never_exceeded_and_order_kept(counter, method, budget):
+def test_budget_kept_or_rounded_to_one_sentence_and_order_kept(counter, method, budget):
+    """A target is kept, or, when no sentence fits it, rounded up to the best sentence and said so; a strict
+    budget is never exceeded (it refuses instead)."""
     comp = get_compressor(method, counter=counter)
     ctx = comp.compress("What is the capital of France?", PASSAGES, budget)
     cap = budget.max_tokens(ctx.tokens_in)
-    assert ctx.tokens_out <= cap
+    if ctx.tokens_out > cap:
+        assert ctx.stopped_by == "granularity" and sum(len(p.sentence_ids) for p in ctx.passages) == 1
+        with pytest.raises(BudgetError, match="strict budget"):
+            comp.compress("What is the capital of France?", PASSAGES, budget.model_copy(update={"strict": True}))
+    else:
+        assert ctx.stopped_by != "granularity"
+        strict = comp.compress("What is the capital of France?", PASSAGES, budget.model_copy(update={"strict": True}))
+        assert strict.text == ctx.text
     assert [p.index for p in ctx.passages] == sorted(p.index for p in ctx.passages)
     for cp in ctx.passages:
         src = PASSAGES[cp.index]["text"]

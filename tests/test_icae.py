@@ -17,8 +17,8 @@ from compressor import (
     ArtifactError,
     BaseModelMismatchError,
     Budget,
+    BudgetError,
     ConfigError,
-    InputError,
     Passage,
     PromptBuilder,
     available_compressors,
@@ -130,11 +130,29 @@ def test_compress_rows_order_budget_and_prompt(counter, smol_tokenizer):
     assert x.shape[0] == len(prompt)
     rows = [s for s in prompt.segments if not isinstance(s, list)]
     assert all(torch.equal(r, p.embeds) for r, p in zip(rows, ctx.passages))
-    assert comp.compress("q?", PASSAGES, Budget(ratio=3.0)).tokens_out == ctx.tokens_out  # under budget: fine
-    with pytest.raises(InputError, match="ratio <= "):
-        comp.compress("q?", PASSAGES, Budget(ratio=6.0))
-    with pytest.raises(InputError, match="target_tokens >= "):
-        comp.compress("q?", PASSAGES, Budget(target_tokens=3))
+    assert ctx.stopped_by == "budget" and ctx.asked_ratio is None
+    under = comp.compress("q?", PASSAGES, Budget(ratio=3.0))  # a target it reaches: within it
+    assert under.tokens_out == ctx.tokens_out and under.stopped_by == "budget" and under.asked_ratio == 3.0
+    over = comp.compress("q?", PASSAGES, Budget(ratio=6.0))  # a target: rounded to one slot per 4 tokens, said so
+    assert over.tokens_out == ctx.tokens_out and over.stopped_by == "granularity" and over.asked_ratio == 6.0
+    with pytest.raises(BudgetError, match=r"strict budget .* ask for ratio <= "):  # a hard cap: refused
+        comp.compress("q?", PASSAGES, Budget(ratio=6.0, strict=True))
+    with pytest.raises(BudgetError, match="target_tokens >= "):
+        comp.compress("q?", PASSAGES, Budget(target_tokens=3, strict=True))
+
+
+def test_a_passage_no_longer_than_its_slots_passes_as_text(counter, smol_tokenizer):
+    """A one-token passage would be one slot: it goes as text, beside the others' slots, and the prompt puts
+    each where the passage was."""
+    comp = _comp(counter, smol_tokenizer)
+    short = Passage(text="Paris", title="Capital")
+    assert len(smol_tokenizer(short.text, add_special_tokens=False)["input_ids"]) == 1
+    ctx = comp.compress("What is the capital?", [PASSAGES[1], short], Budget(ratio=4))
+    assert ctx.passages[1].embeds is None and ctx.passages[1].text == "Paris" and ctx.passages[1].tokens_out == 1
+    assert ctx.passages[0].embeds is not None and ctx.stopped_by == "passed_through"
+    prompt = PromptBuilder(smol_tokenizer).build(ctx)
+    text = smol_tokenizer.decode([t for s in prompt.segments if isinstance(s, list) for t in s])
+    assert "[2] Capital: Paris" in text and sum(not isinstance(s, list) for s in prompt.segments) == 1
 
 
 def test_index_fills_the_slot_cache_ahead_of_questions(counter, smol_tokenizer, tmp_path, monkeypatch):

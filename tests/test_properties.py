@@ -1,5 +1,6 @@
 """Property tests (hypothesis) of the text compressors: over generated questions, passages and budgets,
-the budget is never exceeded, order is preserved, every kept span maps back to the input text, token counts
+the budget is kept (or, when no sentence fits, rounded up to one sentence and said so, and refused when
+strict), order is preserved, every kept span maps back to the input text, token counts
 are the decoder tokenizer's, and the output is deterministic. Plus the sentence splitter: the same spans as
 pysbd's own (quadratic) search, in linear time.
 
@@ -16,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compressor import Budget, Passage, get_compressor
+from compressor import Budget, BudgetError, Passage, get_compressor
 from compressor.text import _segmenter, _spans_of, split_sentences
 
 WORDS = ["Paris", "France", "capital", "the", "of", "is", "a", "city", "Hamlet", "Shakespeare", "wrote", "play",
@@ -52,7 +53,16 @@ def check_filter_result(comp, counter, query, ps, budget):
     src = [_text(p) for p in ps]
     assert ctx.tokens_in == sum(counter.count(t) for t in src)
     cap = budget.max_tokens(ctx.tokens_in)
-    assert ctx.tokens_out <= cap, f"budget {cap} exceeded: {ctx.tokens_out}"
+    strict = budget.model_copy(update={"strict": True})
+    if ctx.tokens_out > cap:  # a target no sentence fits: rounded up to one sentence, said so; strict refuses
+        least = min(counter.count(t[a:b]) for t in src for a, b in split_sentences(t))
+        assert ctx.stopped_by == "granularity" and least > cap, f"budget {cap} exceeded: {ctx.tokens_out}"
+        assert sum(len(cp.sentence_ids) for cp in ctx.passages) == 1
+        with pytest.raises(BudgetError):
+            comp.compress(query, ps, strict)
+    else:
+        assert ctx.stopped_by != "granularity"
+        assert [cp.text for cp in comp.compress(query, ps, strict).passages] == [cp.text for cp in ctx.passages]
     idx = [p.index for p in ctx.passages]
     assert idx == sorted(set(idx)) and all(0 <= i < len(ps) for i in idx)  # passage order kept
     for cp in ctx.passages:

@@ -17,6 +17,7 @@ from compressor import (
     ArtifactError,
     BaseModelMismatchError,
     Budget,
+    BudgetError,
     ConfigError,
     InputError,
     Passage,
@@ -136,8 +137,10 @@ def test_one_row_per_passage_from_stored_vectors(counter, tiny_model_dir, index)
     assert (comp.index_hits, comp.encoded_on_the_fly) == (2, 0)
     comp.compress("q?", ["A passage that is not in the index."])
     assert (comp.index_hits, comp.encoded_on_the_fly) == (2, 1)
-    with pytest.raises(InputError, match="one row per passage"):
-        comp.compress("q?", PASSAGES, Budget(target_tokens=2))
+    rounded = comp.compress("q?", PASSAGES, Budget(target_tokens=2))  # one row per passage is the least
+    assert rounded.tokens_out == 3 and rounded.stopped_by == "granularity"
+    with pytest.raises(BudgetError, match="the least it keeps is 3"):
+        comp.compress("q?", PASSAGES, Budget(target_tokens=2, strict=True))
 
 
 def test_index_from_another_embedder_refused(counter, tiny_model_dir, index):

@@ -213,7 +213,20 @@ class SentenceFilter(Compressor):
         kept = self._assemble(unique, where, sents, [idx[k] for k in keep], scores, max_tokens)
         if sum(len(p.sentence_ids) for p in kept) < len(keep):  # the joined text ran over: the weakest went
             why = "budget"
+        if not kept and idx and why == "budget":  # no sentence fits: the target rounds up to one sentence
+            kept, why = self._one_sentence(unique, where, sents, idx, scores, max_tokens, tokens_in, budget)
         return Kept(kept, stopped_by=why, **merged)
+
+    def _one_sentence(self, passages, where, sents, idx, scores, max_tokens, tokens_in, budget) -> tuple[list, str]:
+        """A sentence filter's granularity: the best sentence that fits alone (the join reservation aside), or
+        else the best one, over the target (``granularity``; a strict budget refuses)."""
+        fits = [i for i in idx if max_tokens is None or sents[i].tokens <= max_tokens]
+        if fits:
+            best, why = max(fits, key=lambda i: (float(scores[i]), -i)), "budget"
+        else:
+            self.check_strict(budget, tokens_in, min(sents[i].tokens for i in idx), "granularity")
+            best, why = max(idx, key=lambda i: (float(scores[i]), -i)), "granularity"
+        return self._assemble(passages, where, sents, [best], scores, None), why
 
     def _back_references(self, sents: list[Sentence], idx: list[int], first: list[int],
                          scores: np.ndarray) -> dict[str, Any]:

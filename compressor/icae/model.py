@@ -35,9 +35,9 @@ from torch import nn
 
 from .._version import __version__
 from ..artifacts import read_artifact, resolve_base_model, write_artifact
-from ..base import Budget, CompressedPassage, Compressor, Passage, TokenCounter
+from ..base import Budget, CompressedPassage, Compressor, Kept, Passage, TokenCounter
 from ..cache import TensorCache
-from ..errors import ArtifactError, ConfigError, InputError
+from ..errors import ArtifactError, ConfigError
 from .config import FORMAT_VERSION, SHIPPED_ARTIFACT, ICAEConfig
 
 __all__ = ["ICAEEncoder", "ICAECompressor", "SlotCache", "load_icae"]
@@ -257,18 +257,24 @@ class ICAECompressor(Compressor):
         return {"trained": self.trained, "encoded_passages": self.encoded_passages,
                 "slot_cache_hits": self.cache.hits if self.cache else None}
 
-    def _compress(self, query: str, passages: list[Passage], budget: Budget) -> list[CompressedPassage]:
+    def _compress(self, query: str, passages: list[Passage], budget: Budget) -> Kept:
+        """Slots per passage, in order. A passage no longer than its slots would be (1 token) passes as text;
+        the rest give every segment at least one slot, so a target the slots cannot reach is rounded up
+        (``granularity``) or, with a strict budget, refused before any encoding."""
         n_in = [len(self._tokens(p.text)) for p in passages]
         n_out = [self.config.rows_for(n) for n in n_in]
+        as_text = [k >= n for n, k in zip(n_in, n_out)]
+        least = sum(min(n, k) for n, k in zip(n_in, n_out))
+        self.check_strict(budget, sum(n_in), least, "passed through" if any(as_text) else "granularity")
+        soft = [i for i, t in enumerate(as_text) if not t]
+        rows = dict(zip(soft, self.passage_slots([passages[i].text for i in soft]), strict=True))
+        out = [CompressedPassage(index=i, title=p.title, text=p.text, spans=[(0, len(p.text))], tokens_in=n_in[i],
+                                 tokens_out=n_in[i]) if as_text[i] else
+               CompressedPassage(index=i, title=p.title, embeds=rows[i], tokens_in=n_in[i], tokens_out=n_out[i])
+               for i, p in enumerate(passages)]
         cap = budget.max_tokens(sum(n_in))
-        if cap is not None and sum(n_out) > cap:
-            raise InputError(
-                f"icae compresses {self.config.ratio:g}x in segments of {self.config.segment_tokens} tokens: these "
-                f"{sum(n_in)} tokens become {sum(n_out)} slots, over the budget of {cap}; ask for ratio <= "
-                f"{sum(n_in) / sum(n_out):.2f} or target_tokens >= {sum(n_out)}, or use a text filter for more")
-        rows = self.passage_slots([p.text for p in passages])
-        return [CompressedPassage(index=i, title=p.title, embeds=rows[i], tokens_in=n_in[i], tokens_out=n_out[i])
-                for i, p in enumerate(passages)]
+        why = "passed_through" if any(as_text) else "granularity" if cap is not None and least > cap else "budget"
+        return Kept(out, stopped_by=why)
 
     @torch.no_grad()
     def reconstruct(self, text: str, max_new_tokens: int | None = None) -> str:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ..base import Budget, CompressedPassage, Compressor, Passage, TokenCounter
+from ..base import Budget, CompressedPassage, Compressor, Kept, Passage, TokenCounter
 from ..errors import InputError, require_extra
 from .config import FIXED_SETTINGS, LongLLMLinguaConfig
 
@@ -81,7 +81,7 @@ class LongLLMLinguaCompressor(Compressor):
         before the hard cap), ``trimmed_tokens`` what the cap removed, ``trimmed_calls`` how often."""
         return {f"longllmlingua_{k}": v for k, v in self._stats.items()}
 
-    def _compress(self, query: str, passages: list[Passage], budget: Budget) -> list[CompressedPassage]:
+    def _compress(self, query: str, passages: list[Passage], budget: Budget) -> Kept:
         if budget.threshold is not None:
             raise InputError("budget.threshold applies to score-based sentence filters; longllmlingua takes "
                              "ratio or target_tokens")
@@ -91,8 +91,9 @@ class LongLLMLinguaCompressor(Compressor):
         cap = budget.max_tokens(sum(counts))
         self._stats["calls"] += 1
         if cap is None or cap >= sum(counts):  # documented no-op: the budget holds the whole input
-            return [CompressedPassage(index=i, title=p.title, text=p.text, spans=[(0, len(p.text))],
-                                      tokens_in=n, tokens_out=n) for i, (p, n) in enumerate(zip(passages, counts))]
+            return Kept([CompressedPassage(index=i, title=p.title, text=p.text, spans=[(0, len(p.text))],
+                                           tokens_in=n, tokens_out=n) for i, (p, n) in enumerate(zip(passages, counts))],
+                        stopped_by="input")
         settings = dict(FIXED_SETTINGS, iterative_size=self.config.iterative_size,
                         dynamic_context_compression_ratio=self.config.dynamic_context_compression_ratio,
                         context_budget=f"+{self.config.context_budget_extra}")
@@ -123,7 +124,7 @@ class LongLLMLinguaCompressor(Compressor):
             self._stats["trimmed_calls"] += 1
             self._stats["trimmed_tokens"] += trimmed
         self._stats["tokens_out"] += total
-        return [out[i] for i in sorted(out)]
+        return Kept([out[i] for i in sorted(out)], stopped_by="budget")  # token granularity: always within the cap
 
     def _scored_text(self, p: Passage) -> str:
         """What the scorer reads for a passage: its text, after a title line when ``title_in_context``."""

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from ..base import Budget, CompressedPassage, Compressor, Passage, TokenCounter
+from ..base import Budget, CompressedPassage, Compressor, Kept, Passage, TokenCounter
 from ..errors import InputError
 from ..registry import register_compressor
 
@@ -19,13 +19,15 @@ class FullContext(Compressor):
     name = "none"
     kind = "text"
 
-    def _compress(self, query: str, passages: list[Passage], budget: Budget) -> list[CompressedPassage]:
+    def _compress(self, query: str, passages: list[Passage], budget: Budget) -> Kept:
+        """Every passage as it is, whatever the budget (``passed_through``; a strict budget under the input
+        refuses)."""
         out = []
         for i, p in enumerate(passages):
             n = self.counter.count(p.text)
             out.append(CompressedPassage(index=i, title=p.title, text=p.text, spans=[(0, len(p.text))],
                                          tokens_in=n, tokens_out=n))
-        return out
+        return Kept(out, stopped_by="passed_through")
 
 
 class NoContext(Compressor):

@@ -25,7 +25,7 @@ import torch
 
 from .._version import __version__
 from ..artifacts import read_artifact, resolve_base_model, write_artifact
-from ..base import Budget, CompressedPassage, Compressor, Passage, TokenCounter
+from ..base import Budget, CompressedPassage, Compressor, Kept, Passage, TokenCounter
 from ..errors import ArtifactError, ConfigError, InputError
 from ..retrieval import DocumentIndex
 from .config import FORMAT_VERSION, SHIPPED_ARTIFACT, XRAGConfig
@@ -99,14 +99,24 @@ class XRAGCompressor(Compressor):
         """Bridge rows ``[n, hidden]`` (fp32) for retriever vectors ``[n, in_dim]``."""
         return self.bridge(vectors.float())
 
-    def _compress(self, query: str, passages: list[Passage], budget: Budget) -> list[CompressedPassage]:
-        if budget.target_tokens is not None and budget.target_tokens < len(passages):
-            raise InputError(f"xrag gives one row per passage: {len(passages)} passages need target_tokens >= "
-                             f"{len(passages)}, got {budget.target_tokens}; pass fewer passages")
-        rows = self.rows(self.passage_vectors(passages))
-        return [CompressedPassage(index=i, title=p.title, embeds=rows[i: i + 1].clone(),
-                                  tokens_in=self.counter.count(p.text), tokens_out=1)
-                for i, p in enumerate(passages)]
+    def _compress(self, query: str, passages: list[Passage], budget: Budget) -> Kept:
+        """One row per passage; a passage of one token passes as text. A target under one row per passage is
+        rounded up (``granularity``), or refused when the budget is strict."""
+        n_in = [self.counter.count(p.text) for p in passages]
+        as_text = [n <= 1 for n in n_in]
+        self.check_strict(budget, sum(n_in), len(passages), "granularity")
+        soft = [i for i, t in enumerate(as_text) if not t]
+        rows = self.rows(self.passage_vectors([passages[i] for i in soft])) if soft else None
+        at = {i: k for k, i in enumerate(soft)}
+        out = [CompressedPassage(index=i, title=p.title, text=p.text, spans=[(0, len(p.text))], tokens_in=n,
+                                 tokens_out=n) if as_text[i] else
+               CompressedPassage(index=i, title=p.title, embeds=rows[at[i]: at[i] + 1].clone(), tokens_in=n,
+                                 tokens_out=1)
+               for i, (p, n) in enumerate(zip(passages, n_in))]
+        cap = budget.max_tokens(sum(n_in))
+        why = "passed_through" if any(as_text) else "granularity" if cap is not None and len(passages) > cap \
+            else "budget"
+        return Kept(out, stopped_by=why)
 
     # -- artifact ---------------------------------------------------------------------------------------
     def save_pretrained(self, directory: str | Path, trained: bool, training: dict[str, Any] | None = None,
