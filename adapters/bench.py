@@ -169,7 +169,8 @@ def summarize_bench(samples_path: Path, cfg: BenchConfig) -> list[dict[str, Any]
         paired = [(r["f1"], base[r["id"]]["f1"]) for r in g if r["id"] in base]
         row = {
             "decoder": dec, "dataset": ds, **summarize(g, m, rr),  # the same summary as `ragpress eval`
-            "decode_tok_s": (sum(r["new_tokens"] for r in g) / max(1e-9, sum(r["e2e_s"] - r["compress_s"] - r["ttft_s"] for r in g))),
+            "decode_tok_s": (sum(r["new_tokens"] for r in g) / max(1e-9, sum(
+                r["e2e_s"] - r["compress_s"] - r["ttft_s"] for r in g if not r.get("error")))),
             "peak_rss_mb": max(r.get("peak_rss_mb", 0) for r in g),
         }
         if paired and m != "none":
@@ -196,7 +197,8 @@ def _f(v: Any, nd: int = 3) -> str:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    cols = ["decoder", "dataset", "method", "ratio_requested", "n", "ratio", "em", "f1", "accuracy", "evidence_recall",
+    cols = ["decoder", "dataset", "method", "ratio_requested", "n", "n_errors", "ratio", "em", "f1", "accuracy",
+            "evidence_recall",
             "abstention", "d_f1_vs_none", "d_f1_ci95", "tokens_out_mean", "compress_s_mean", "ttft_s_mean",
             "e2e_s_mean"]
     if all(r.get("abstention") is None for r in rows):  # no unanswerable questions in the grid

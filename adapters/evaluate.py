@@ -43,6 +43,9 @@ class EvalRequest(BaseModel):
                                     "`artifact` included; recorded in the summary.")
     generate: bool = Field(default=True, description="False: compress only (evidence recall, sizes, time).")
     fill_budget: bool = Field(default=False, description="Sentence filters: ignore min_score, fill the budget.")
+    fail_fast: bool = Field(default=False, description="Stop at the first question whose compressor or decoder "
+                            "raises; by default it is recorded in its sample line, scored as a miss and counted "
+                            "(n_errors).")
 
 
 @dataclass
@@ -87,7 +90,8 @@ def run_eval(req: EvalRequest, log: Callable[[str], None] | None = None, progres
         comp.attach_index(data.index)
     backend = HFBackend.load(req.decoder) if req.generate else None  # compress-only runs load no decoder
     params = GenerationParams(max_new_tokens=req.max_new_tokens)
-    records = evaluate(data.examples, backend, comp, req.budget, params, progress=progress, generate=req.generate)
+    records = evaluate(data.examples, backend, comp, req.budget, params, progress=progress, generate=req.generate,
+                       fail_fast=req.fail_fast)
     stats = comp.run_stats()
     if stats.get("trained") is False and log:
         log(f"{req.method}: UNTRAINED weights (a control), from {options.get('artifact')}")
@@ -126,33 +130,57 @@ def evaluate(
     progress: bool = True,
     on_sample: Callable[[dict], None] | None = None,
     generate: bool = True,
+    fail_fast: bool = False,
 ) -> list[dict[str, Any]]:
     """Run one method over ``examples`` one question at a time (so timings are per question); return one
     record per example. ``generate=False`` only compresses: evidence recall, sizes and compression time, with
-    the answer metrics left None (``backend`` may then be None)."""
+    the answer metrics left None (``backend`` may then be None). A question whose compressor or decoder raises
+    is recorded with its ``error`` (class and message) and scored as a miss; ``fail_fast`` raises instead."""
     params = params or GenerationParams()
     budget = budget or Budget()
     records = []
     for ex in tqdm(examples, desc=f"eval {compressor.name}", disable=not progress, leave=False):
-        ctx = compressor.compress(ex.question, ex.passages, budget)
-        rec = {"id": ex.id, "question": ex.question, "answers": ex.answers, "prediction": None, "em": None,
-               "f1": None, "accuracy": None, "evidence_recall": evidence_recall(ctx, ex.passages),
-               "tokens_in": ctx.tokens_in, "tokens_out": ctx.tokens_out, "prompt_tokens": None,
-               "compress_s": ctx.compress_s, "ttft_s": None, "e2e_s": ctx.compress_s, "new_tokens": 0,
-               "stopped_by": ctx.stopped_by, "duplicates": ctx.duplicates}
-        if generate:
-            gen = backend.generate([backend.prompt_builder().build(ctx)], params)[0]
-            pred = gen.text.strip()
-            rec.update(
-                prediction=pred, em=exact_match(pred, ex.answers), f1=f1_score(pred, ex.answers),
-                # an unanswerable question (no gold answer) is answered correctly by abstaining
-                accuracy=accuracy(pred, ex.answers) if ex.answers else float(abstained(pred)),
-                abstained=abstained(pred), prompt_tokens=gen.prompt_tokens, ttft_s=gen.ttft_s,
-                e2e_s=gen.e2e_s + ctx.compress_s, new_tokens=len(gen.token_ids))
+        try:
+            rec = _answer(ex, backend, compressor, budget, params, generate)
+        except Exception as e:  # noqa: BLE001 - one question's failure is recorded, scored and counted
+            if fail_fast:
+                raise
+            rec = _failed(ex, e, generate)
         records.append(rec)
         if on_sample:
             on_sample(rec)
     return records
+
+
+def _answer(ex: QAExample, backend: DecoderBackend, compressor: Compressor, budget: Budget,
+            params: GenerationParams, generate: bool) -> dict[str, Any]:
+    ctx = compressor.compress(ex.question, ex.passages, budget)
+    rec = {"id": ex.id, "question": ex.question, "answers": ex.answers, "prediction": None, "em": None,
+           "f1": None, "accuracy": None, "evidence_recall": evidence_recall(ctx, ex.passages),
+           "tokens_in": ctx.tokens_in, "tokens_out": ctx.tokens_out, "asked_ratio": ctx.asked_ratio,
+           "prompt_tokens": None, "compress_s": ctx.compress_s, "ttft_s": None, "e2e_s": ctx.compress_s,
+           "new_tokens": 0, "stopped_by": ctx.stopped_by, "duplicates": ctx.duplicates, "error": None}
+    if generate:
+        gen = backend.generate([backend.prompt_builder().build(ctx)], params)[0]
+        pred = gen.text.strip()
+        rec.update(
+            prediction=pred, em=exact_match(pred, ex.answers), f1=f1_score(pred, ex.answers),
+            # an unanswerable question (no gold answer) is answered correctly by abstaining
+            accuracy=accuracy(pred, ex.answers) if ex.answers else float(abstained(pred)),
+            abstained=abstained(pred), prompt_tokens=gen.prompt_tokens, ttft_s=gen.ttft_s,
+            e2e_s=gen.e2e_s + ctx.compress_s, new_tokens=len(gen.token_ids))
+    return rec
+
+
+def _failed(ex: QAExample, e: Exception, generate: bool) -> dict[str, Any]:
+    """The record of a question whose compressor or decoder raised: the error, scored as a miss (no answer,
+    no evidence kept), left out of the size and time means."""
+    miss = 0.0 if generate else None
+    return {"id": ex.id, "question": ex.question, "answers": ex.answers, "prediction": None, "em": miss, "f1": miss,
+            "accuracy": miss, "evidence_recall": 0.0 if any(p.evidence for p in ex.passages) else None,
+            "tokens_in": None, "tokens_out": None, "asked_ratio": None, "prompt_tokens": None, "compress_s": None,
+            "ttft_s": None, "e2e_s": None, "new_tokens": 0, "stopped_by": None, "duplicates": 0,
+            "error": {"type": type(e).__name__, "message": str(e)}}
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -161,26 +189,35 @@ def _mean(xs: list[float]) -> float | None:
 
 
 def summarize(records: list[dict], method: str, ratio_requested: float | None, **extra: Any) -> dict[str, Any]:
-    """The eval JSON: means over the records; ``ratio`` is measured: total tokens in / total tokens out."""
-    tin = sum(r["tokens_in"] for r in records)
-    tout = sum(r["tokens_out"] for r in records)
+    """The eval JSON: means over the records (a failed question scores as a miss); ``ratio`` is measured over
+    the questions that did not fail: total tokens in / total tokens out. ``n_errors`` counts failed questions,
+    ``n_rounded`` those whose budget target the method could not land on (``stopped_by`` granularity or
+    passed_through: the reached ratio differs from the asked one)."""
+    ok = [r for r in records if not r.get("error")]
+    tin = sum(r["tokens_in"] for r in ok)
+    tout = sum(r["tokens_out"] for r in ok)
+    errors = Counter(r["error"]["type"] for r in records if r.get("error"))
     return {
         "n": len(records),
         "method": method,
         "ratio_requested": ratio_requested,
         **extra,
+        "n_errors": sum(errors.values()),
+        "errors": dict(sorted(errors.items())),
+        "n_rounded": sum(r.get("stopped_by") in ("granularity", "passed_through") for r in ok),
         "em": _mean([r["em"] for r in records]),
         "f1": _mean([r["f1"] for r in records]),
         "accuracy": _mean([r["accuracy"] for r in records]),
         "evidence_recall": _mean([r["evidence_recall"] for r in records]),
-        "abstention": abstention_rate(records),
-        "tokens_in_mean": tin / len(records) if records else None,
-        "tokens_out_mean": tout / len(records) if records else None,
+        "abstention": abstention_rate(ok),
+        "tokens_in_mean": tin / len(ok) if ok else None,
+        "tokens_out_mean": tout / len(ok) if ok else None,
         "ratio": (tin / tout) if tout else None,
-        "compress_s_mean": _mean([r["compress_s"] for r in records]),
-        "ttft_s_mean": _mean([r["ttft_s"] for r in records]),
-        "e2e_s_mean": _mean([r["e2e_s"] for r in records]),
-        # why the filters kept what they kept, in questions: budget / min_score / threshold / input
-        "stopped_by": dict(sorted(Counter(r.get("stopped_by") for r in records if r.get("stopped_by")).items())),
+        "compress_s_mean": _mean([r["compress_s"] for r in ok]),
+        "ttft_s_mean": _mean([r["ttft_s"] for r in ok]),
+        "e2e_s_mean": _mean([r["e2e_s"] for r in ok]),
+        # why each method kept what it kept, in questions: budget / min_score / threshold / input / granularity /
+        # passed_through
+        "stopped_by": dict(sorted(Counter(r.get("stopped_by") for r in ok if r.get("stopped_by")).items())),
         "duplicates": sum(r.get("duplicates", 0) for r in records),
     }

@@ -125,10 +125,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
                      budget=_from_args(Budget, args), options=_method_options(args), generate=not args.no_generate,
                      fill_budget=args.fill_budget)
     result = run_eval(req, log=lambda m: print(m, file=sys.stderr))
-    keys = ["n", "method", "ratio_requested", "em", "f1", "accuracy", "evidence_recall", "tokens_in_mean",
-            "tokens_out_mean", "ratio", "compress_s_mean", "ttft_s_mean", "e2e_s_mean", "stopped_by"]
+    keys = ["n", "method", "ratio_requested", "target_tokens", "ratio", "n_rounded", "n_errors", "em", "f1",
+            "accuracy", "evidence_recall", "tokens_in_mean", "tokens_out_mean", "compress_s_mean", "ttft_s_mean",
+            "e2e_s_mean", "stopped_by"]
     print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
     print("| " + " | ".join(_fmt(result.summary.get(k)) for k in keys) + " |")
+    if result.summary["n_errors"]:
+        first = next(r for r in result.records if r.get("error"))
+        print(f"{result.summary['n_errors']} of {result.summary['n']} questions failed (scored as misses; "
+              f"{_fmt(result.summary['errors'])}); the first, {first['id']}: {first['error']['type']}: "
+              f"{first['error']['message']} (--fail-fast stops at the first)", file=sys.stderr)
     if args.out:
         print(f"wrote {write_eval(result, args.out)}")
     return 0

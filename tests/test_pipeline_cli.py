@@ -73,6 +73,60 @@ def test_cli_eval_writes_json(tmp_path, tiny_model_dir, capsys):
     assert "| n | method |" in capsys.readouterr().out
 
 
+def test_eval_survives_one_bad_question(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """A question whose compressor raises is recorded in its sample line (class and message), scored as a miss
+    and counted in the summary and the CLI's; the others are answered. --fail-fast stops at it."""
+    from compressor.filters.bm25 import BM25Filter
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(json.dumps({"question": q, "passages": PASSAGES, "answers": ["William Shakespeare"]})
+                              for q in ("Who wrote Hamlet?", "Which question breaks it?", "When was Hamlet written?"))
+                    + "\n")
+    real = BM25Filter.score_sentences
+
+    def flaky(self, query, passages, sentences):
+        if "breaks" in query:
+            raise RuntimeError("scorer fell over")
+        return real(self, query, passages, sentences)
+
+    monkeypatch.setattr(BM25Filter, "score_sentences", flaky)
+    out = tmp_path / "out.json"
+    args = ["eval", "--dataset", "jsonl", "--path", str(data), "--method", "bm25", "--ratio", "2",
+            "--decoder", str(tiny_model_dir), "--max-new-tokens", "4", "--out", str(out)]
+    assert main(args) == 0
+    s = json.loads(out.read_text())
+    rows = [json.loads(x) for x in out.with_suffix(".samples.jsonl").read_text().splitlines()]
+    assert s["n"] == 3 and s["n_errors"] == 1 and s["errors"] == {"RuntimeError": 1}
+    assert rows[1]["error"] == {"type": "RuntimeError", "message": "scorer fell over"}
+    assert (rows[1]["f1"], rows[1]["em"], rows[1]["accuracy"], rows[1]["prediction"]) == (0.0, 0.0, 0.0, None)
+    assert rows[0]["error"] is None and rows[2]["error"] is None and rows[0]["prediction"] is not None
+    assert s["f1"] == pytest.approx((rows[0]["f1"] + rows[2]["f1"]) / 3)  # the miss counts
+    assert s["tokens_in_mean"] == pytest.approx((rows[0]["tokens_in"] + rows[2]["tokens_in"]) / 2)
+    captured = capsys.readouterr()
+    head, _, row = captured.out.splitlines()[:3]
+    assert dict(zip(head.split(" | "), row.split(" | ")))["n_errors"] == "1"
+    assert "1 of 3 questions failed" in captured.err and "RuntimeError: scorer fell over" in captured.err
+    with pytest.raises(RuntimeError, match="scorer fell over"):  # today's behaviour: the run stops there
+        main(args + ["--fail-fast"])
+
+
+def test_cli_eval_rounds_a_target_and_counts_it(tmp_path, tiny_model_dir):
+    """A ratio no sentence fits is rounded up to one sentence per question, counted in n_rounded; with --strict
+    the question fails instead, and is counted as an error."""
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"question": "Who wrote Hamlet?", "passages": PASSAGES[:1],
+                                "answers": ["William Shakespeare"]}) + "\n")
+    out = tmp_path / "out.json"
+    args = ["eval", "--dataset", "jsonl", "--path", str(data), "--method", "bm25", "--ratio", "50",
+            "--decoder", str(tiny_model_dir), "--no-generate", "--out", str(out)]
+    assert main(args) == 0
+    s = json.loads(out.read_text())
+    assert (s["n_rounded"], s["n_errors"], s["stopped_by"]) == (1, 0, {"granularity": 1}) and s["ratio"] < 50
+    assert main(args + ["--strict"]) == 0
+    s = json.loads(out.read_text())
+    assert (s["n_rounded"], s["n_errors"], s["errors"]) == (0, 1, {"BudgetError": 1})
+
+
 def test_cli_eval_compress_only_and_fill_budget(tmp_path, tiny_model_dir):
     """--no-generate scores the compression alone (no answers); --fill-budget drops a filter's min_score and is
     refused for other methods."""
