@@ -25,7 +25,7 @@ from compressor.base import (
     coerce_passages,
 )
 from compressor.errors import InputError
-from compressor.prompt import PromptTemplate
+from compressor.prompt import PromptBuilder, PromptTemplate, with_marks
 from compressor.registry import get_compressor, get_spec
 
 from .decoders import DecoderBackend, GenerationParams, HFBackend
@@ -82,6 +82,27 @@ class RAGPipeline:
 
     def answer(self, query: str, passages: Sequence[Any], budget: Budget | dict | None = None) -> Answer:
         return self.answer_batch([(query, passages)], budget)[0]
+
+    def chat(self, messages: Sequence[dict[str, Any]], documents: Sequence[Any],
+             budget: Budget | dict | None = None) -> Answer:
+        """A chat request as ``ragpress serve`` answers it: ``documents`` compressed against the last user
+        message and put before it as a ``Documents:`` block (kept text, or a soft method's slots where the text
+        would be), the decoder's own chat template, this pipeline's generation parameters. Soft methods need a
+        decoder that takes embeddings (transformers, vLLM)."""
+        msgs = [dict(m) for m in messages]
+        users = [i for i, m in enumerate(msgs) if m.get("role") == "user"]
+        if not users or not isinstance(msgs[users[-1]].get("content"), str):
+            raise InputError("chat needs a last user message with string content (the question)")
+        question = msgs[users[-1]]["content"]
+        ctx = self.compress(question, documents, budget)
+        shown, rows = with_marks(ctx)
+        if shown.passages:
+            msgs[users[-1]]["content"] = f"{documents_block(shown.passages)}\n\nQuestion: {question}"
+        g = self.backend.generate([PromptBuilder(self.backend.tokenizer, PromptTemplate(style="chat")).chat(msgs, rows)],
+                                  self.params)[0]
+        return Answer(text=g.text.strip(), method=ctx.method, tokens_in=ctx.tokens_in, tokens_out=ctx.tokens_out,
+                      ratio=ctx.ratio, prompt_tokens=g.prompt_tokens, compress_s=ctx.compress_s, ttft_s=g.ttft_s,
+                      e2e_s=g.e2e_s + ctx.compress_s, context=ctx)
 
     def answer_batch(self, items: Sequence[tuple[str, Sequence[Any]]], budget: Budget | dict | None = None) -> list[Answer]:
         """Compress each item, then decode all prompts in one batch."""

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from .base import CompressedContext
 from .errors import InputError
 
-__all__ = ["PromptTemplate", "Prompt", "PromptBuilder", "embed_prompt", "splice_mark"]
+__all__ = ["PromptTemplate", "Prompt", "PromptBuilder", "embed_prompt", "splice_mark", "with_marks"]
 
 _MARK = "\x00RAGPRESS_DOC_{}\x00"
 
@@ -139,26 +139,47 @@ class PromptBuilder:
         :func:`splice_mark`) is replaced by its soft rows, the text between marks is tokenized piece by piece.
         The proxy builds its chat prompts through this too, so both tokenize the same way. ``stop`` None: the
         template's own (one answer line)."""
+        found = sorted((text.find(mark), mark) for mark in rows)
+        if found and found[0][0] < 0:
+            missing = [m for at, m in found if at < 0]
+            raise ValueError(f"splice mark {missing[0]!r} is not in the rendered prompt")
         segments: list[Any] = []
-        bos = self._bos()
-        rest = text
-        for mark, embeds in rows.items():
-            if mark not in rest:
-                raise ValueError(f"splice mark {mark!r} is not in the rendered prompt (or is out of order)")
-            before, rest = rest.split(mark, 1)
-            segments.append(bos + self._encode(before))
-            bos = []
-            if embeds is None:
+        bos, pos = self._bos(), 0
+        for at, mark in found:
+            if rows[mark] is None:
                 raise ValueError(f"splice mark {mark!r} has no soft rows")
-            segments.append(embeds)
-        segments.append(bos + self._encode(rest))
+            segments += [bos + self._encode(text[pos:at]), rows[mark]]
+            bos, pos = [], at + len(mark)
+        segments.append(bos + self._encode(text[pos:]))
         return Prompt(segments=[s for s in segments if not (isinstance(s, list) and not s)],
                       stop=self._stop() if stop is None else stop)
+
+    def chat(self, messages: list[dict[str, Any]], rows: dict[str, Any] | None = None,
+             stop: tuple[str, ...] = ()) -> Prompt:
+        """A chat request's prompt: ``messages`` (text contents, possibly holding splice marks) through the
+        decoder's chat template with the generation prompt, the marks replaced by ``rows``. What the proxy's
+        embedded and prompt-embeds upstreams and :meth:`adapters.RAGPipeline.chat` all send."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise InputError("this decoder has no chat template; use a completion prompt")
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.splice(text, rows or {}, stop=stop)
 
 
 def splice_mark(i: int) -> str:
     """The placeholder a rendered prompt holds where passage ``i``'s soft rows go (see :meth:`PromptBuilder.splice`)."""
     return _MARK.format(i)
+
+
+def with_marks(ctx: CompressedContext) -> tuple[CompressedContext, dict[str, Any]]:
+    """``ctx`` with every soft passage's rows replaced by a splice mark as its text, and the rows by mark:
+    render the marked context as text anywhere (a documents block, a ``<document>`` tag), then
+    :meth:`PromptBuilder.splice` puts the rows back. A context without rows comes back as it is."""
+    rows = {splice_mark(i): p.embeds for i, p in enumerate(ctx.passages) if p.embeds is not None}
+    if not rows:
+        return ctx, {}
+    shown = [p.model_copy(update={"text": splice_mark(i), "embeds": None}) if p.embeds is not None else p
+             for i, p in enumerate(ctx.passages)]
+    return ctx.model_copy(update={"passages": shown}), rows
 
 
 def _doc_line(n: int, title: str | None, body: str) -> str:

@@ -178,10 +178,11 @@ def _build_upstream(settings: ProxySettings, backend: DecoderBackend | None,
                                     timeout_s=settings.timeout_s, default_max_tokens=settings.default_max_tokens))
         tok = load_tokenizer(settings.tokenizer) if settings.tokenizer else up.backend.tokenizer
         return up, tok
-    up = RemoteUpstream(settings.upstream, api_key=settings.upstream_api_key, timeout_s=settings.timeout_s,
-                        transport=transport)
     tok = backend.tokenizer if backend is not None and not settings.tokenizer else load_tokenizer(
         settings.tokenizer or settings.model)
+    up = RemoteUpstream(settings.upstream, api_key=settings.upstream_api_key, timeout_s=settings.timeout_s,
+                        transport=transport, prompt_embeds=settings.model if settings.upstream_prompt_embeds else None,
+                        tokenizer=backend.tokenizer if backend is not None else None)
     return up, tok
 
 

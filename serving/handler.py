@@ -1,7 +1,8 @@
 """The proxy's serving handler, built once at start-up and kept on ``app.state``.
 
 request -> find documents (body and marked) -> compress them against the question -> put the kept text back
--> upstream -> response with a ``compression`` block beside ``usage``.
+(a soft method's slots: a splice mark where the text would be, and the rows beside the payload) -> upstream ->
+response with a ``compression`` block beside ``usage``.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from typing import Any
 
 import anyio
 
+from adapters.evaluate import build_method
 from compressor.base import Budget, CompressedContext, Compressor, TokenCounter
-from compressor.errors import InputError
-from compressor.registry import available_compressors, get_compressor, get_spec
+from compressor.errors import BudgetError, InputError
+from compressor.prompt import with_marks
+from compressor.registry import available_compressors, get_spec
 
 from .documents import ExtractedDocs, extract_chat, extract_prompt, render_chat, render_prompt
 from .limits import InputLimits, check_documents
@@ -40,7 +43,9 @@ def sse(event: dict[str, Any] | str) -> bytes:
 
 
 class ProxyHandler:
-    """Compresses request documents with registered text methods and forwards to one upstream.
+    """Compresses request documents with a registered method and forwards to one upstream. Soft methods are
+    served where the upstream takes embeddings (:attr:`Upstream.takes_embeddings`), built for the model it
+    serves.
 
     ``method`` and ``budget`` are the server's defaults; a request's ``compression`` block overrides them.
     Compressors are built once per method name and reused; the default one is built here, so a bad default
@@ -66,23 +71,24 @@ class ProxyHandler:
         return [n for n, s in available_compressors().items() if s.kind == "text"]
 
     def compressor(self, name: str) -> Compressor:
-        """The compressor for a registered text method (built on first use)."""
+        """The compressor for a registered method (built on first use, for the upstream's model)."""
         spec = get_spec(name)  # UnknownNameError lists the registered names
-        if spec.kind != "text":
-            raise ProxyError(400, f"method {name!r} produces soft prompts, which a chat API cannot carry as text: "
-                             "it needs a vLLM upstream with prompt embeddings or the in-process decoder with "
-                             f"embeddings, which this proxy does not serve yet. Text methods: "
+        if spec.kind != "text" and not self.upstream.takes_embeddings:
+            raise ProxyError(400, f"method {name!r} produces soft prompts, which the upstream {self.upstream.name} "
+                             "cannot take: it needs the embedded decoder, or a vLLM upstream started with "
+                             "--enable-prompt-embeds and named with --upstream-prompt-embeds. Text methods: "
                              f"{', '.join(self.text_methods())}", param="compression.method", code="unsupported_method")
         with self._build_lock:
             if name not in self._compressors:
-                self._compressors[name] = get_compressor(name, counter=self.counter)
+                self._compressors[name] = build_method(name, self.counter, self.upstream.decoder or "")
             return self._compressors[name]
 
     def _budget(self, opts: CompressionOptions | None) -> Budget:
         """The server's budget with what the request's ``compression`` block sets (validated there)."""
         if opts is None:
             return self.budget
-        update: dict[str, Any] = {} if opts.early_stop is None else {"early_stop": opts.early_stop}
+        update: dict[str, Any] = {k: v for k, v in (("early_stop", opts.early_stop), ("strict", opts.strict))
+                                  if v is not None}
         if opts.ratio is not None or opts.target_tokens is not None:
             update.update(ratio=opts.ratio, target_tokens=opts.target_tokens)
         return self.budget.model_copy(update=update)
@@ -104,13 +110,17 @@ class ProxyHandler:
         def run() -> CompressedContext:
             check_documents(docs, self.counter, self.limits, True)  # off the event loop: it tokenizes
             with self._compress_lock:  # compressors hold models and caches; one call at a time
-                return comp.compress(docs.query, docs.passages, budget)
+                try:
+                    return comp.compress(docs.query, docs.passages, budget)
+                except BudgetError as e:  # a strict budget the method cannot meet: the client's to change
+                    raise ProxyError(400, str(e), param="compression.ratio", code="budget_unreachable") from None
 
         t0 = time.perf_counter()
         ctx = await anyio.to_thread.run_sync(run)
         ms = (time.perf_counter() - t0) * 1000
         return ctx, CompressionInfo(method=ctx.method, enabled=True, documents=len(docs), tokens_before=ctx.tokens_in,
-                                    tokens_after=ctx.tokens_out, ratio=ctx.ratio, compression_ms=round(ms, 3),
+                                    tokens_after=ctx.tokens_out, ratio=ctx.ratio, asked_ratio=ctx.asked_ratio,
+                                    kind=ctx.kind, compression_ms=round(ms, 3),
                                     stopped_by=ctx.stopped_by, duplicates=ctx.duplicates,
                                     duplicate_sentences=ctx.duplicate_sentences)
 
@@ -119,12 +129,14 @@ class ProxyHandler:
         messages = [m.model_dump(exclude_unset=True) for m in req.messages]
         docs = await anyio.to_thread.run_sync(extract_chat, messages, req.documents)  # linear, but bodies are MBs
         ctx, info = await self._compress(docs, req.compression)
+        rows: dict[str, Any] = {}
         if len(docs):
-            messages = render_chat(messages, docs, ctx)
-        return await self._forward("chat", req, messages, info)
+            shown, rows = with_marks(ctx) if ctx is not None else (None, {})
+            messages = render_chat(messages, docs, shown)
+        return await self._forward("chat", req, messages, info, [rows])
 
     async def completion(self, req: CompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
-        prompts, infos = [], []
+        prompts, infos, rows = [], [], []
         if req.documents and len(req.prompts) * len(req.documents) > self.limits.max_documents:
             raise ProxyError(400, f"{len(req.prompts)} prompts x {len(req.documents)} body documents are "
                              f"{len(req.prompts) * len(req.documents)} documents to compress, over this proxy's "
@@ -133,22 +145,26 @@ class ProxyHandler:
         for i, prompt in enumerate(req.prompts):
             docs = await anyio.to_thread.run_sync(extract_prompt, prompt, i, req.documents)
             ctx, info = await self._compress(docs, req.compression)
-            prompts.append(render_prompt(prompt, docs, ctx) if len(docs) else prompt)
+            shown, marks = with_marks(ctx) if ctx is not None else (None, {})
+            prompts.append(render_prompt(prompt, docs, shown) if len(docs) else prompt)
             infos.append(info)
+            rows.append(marks)
         if not infos:
             raise InputError("prompt is an empty list; give at least one prompt")
-        return await self._forward("completion", req, prompts, _merge(infos))
+        return await self._forward("completion", req, prompts, _merge(infos), rows)
 
     async def models(self) -> dict[str, Any]:
         return {"object": "list", "data": await self.upstream.models()}
 
     async def _forward(self, kind: Kind, req: ChatCompletionRequest | CompletionRequest, payload: list[Any],
-                       info: CompressionInfo) -> dict[str, Any] | AsyncIterator[bytes]:
+                       info: CompressionInfo, rows: list[dict[str, Any]]) -> dict[str, Any] | AsyncIterator[bytes]:
+        """``rows``: per prompt (one for chat), the soft rows by splice mark (empty: text only)."""
         self.metrics.record_compression(info)
         block = info.model_dump()
+        soft = rows if any(rows) else None
         if not req.stream:
-            return {**await self.upstream.complete(kind, req, payload), "compression": block}
-        chunks = await self.upstream.stream(kind, req, payload)  # errors here still get an HTTP status
+            return {**await self.upstream.complete(kind, req, payload, soft), "compression": block}
+        chunks = await self.upstream.stream(kind, req, payload, soft)  # errors here still get an HTTP status
         return _sse_stream(chunks, block)
 
 
@@ -157,8 +173,10 @@ def _merge(infos: list[CompressionInfo]) -> CompressionInfo:
     if len(infos) == 1:
         return infos[0]
     before, after = sum(i.tokens_before for i in infos), sum(i.tokens_after for i in infos)
+    asked = {i.asked_ratio for i in infos}
     return CompressionInfo(method=infos[0].method, enabled=infos[0].enabled, documents=sum(i.documents for i in infos),
                            tokens_before=before, tokens_after=after, ratio=before / after if after else None,
+                           asked_ratio=asked.pop() if len(asked) == 1 else None, kind=infos[0].kind,
                            compression_ms=sum(i.compression_ms for i in infos),
                            stopped_by=",".join(sorted({i.stopped_by for i in infos if i.stopped_by})) or None,
                            duplicates=sum(i.duplicates for i in infos),

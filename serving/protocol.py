@@ -48,12 +48,17 @@ class CompressionOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(default=True, description="false: documents pass through uncompressed.")
-    method: str | None = Field(default=None, description="A registered text method (GET /v1/models lists them).")
+    method: str | None = Field(default=None, description="A registered method: a text method, or a soft one "
+                               "(icae) where the upstream takes embeddings (the embedded decoder, or a vLLM "
+                               "upstream with prompt embeddings).")
     ratio: float | None = Field(default=None, ge=1.0, le=1000.0, description="tokens in / tokens out, 1..1000.")
     target_tokens: int | None = Field(default=None, ge=1, description="Keep at most this many document tokens.")
     early_stop: bool | None = Field(default=None, description="Sentence filters with a min_score (sentinel's 1.5, "
                                     "tuned for 135M-270M decoders): stop below it, keeping less than the budget. "
                                     "Unset: the server's default, which fills the budget.")
+    strict: bool | None = Field(default=None, description="true: ratio / target_tokens is a hard cap, and a method "
+                                "that cannot get under it is a 400 naming the ratio it reaches; unset or false: a "
+                                "target, rounded to the method's granularity and reported (stopped_by).")
 
     @model_validator(mode="after")
     def _one_budget(self) -> CompressionOptions:
@@ -141,12 +146,17 @@ class CompressionInfo(BaseModel):
     documents: int = Field(description="Documents found: in the body and marked in messages.")
     tokens_before: int = Field(description="Document tokens before compression, in the counting tokenizer.")
     tokens_after: int
-    ratio: float | None = Field(description="tokens_before / tokens_after; null when nothing is left.")
+    ratio: float | None = Field(description="tokens_before / tokens_after, reached; null when nothing is left.")
+    asked_ratio: float | None = Field(default=None, description="The ratio the budget asked for (target_tokens as "
+                                      "tokens_before / target_tokens); null: the method's default.")
+    kind: Literal["text", "soft"] = Field(default="text", description="soft: tokens_after counts memory slots, "
+                                          "sent to the decoder as embeddings, not text.")
     compression_ms: float
-    stopped_by: str | None = Field(default=None, description="Why fewer tokens may have been kept than the budget: "
-                                   "'budget', 'min_score' (early stop), 'threshold' or 'input' (everything fit); "
-                                   "comma-separated when a completion request has several prompts; null for "
-                                   "methods that do not select sentences.")
+    stopped_by: str | None = Field(default=None, description="Why the reached ratio is what it is: 'budget', "
+                                   "'min_score' (early stop), 'threshold', 'input' (everything fit), 'granularity' "
+                                   "(the least the method keeps is over the target) or 'passed_through' (passages "
+                                   "went as text); comma-separated when a completion request has several prompts; "
+                                   "null when nothing was compressed.")
     duplicates: int = Field(default=0, description="Documents merged into an earlier identical one (kept once).")
     duplicate_sentences: int = Field(default=0, description="Sentences dropped as repeats of an earlier "
                                      "document's (overlapping chunks).")

@@ -18,7 +18,8 @@ class ProxySettings(BaseModel):
 
     host: str = Field(default="127.0.0.1", description="Interface to bind; 0.0.0.0 exposes it to the network.")
     port: int = Field(default=8000, ge=0, le=65535)
-    method: str = Field(default="bm25", description="Default compression method (a registered text method).")
+    method: str = Field(default="bm25", description="Default compression method: a text method, or a soft one "
+                        "(icae) with the embedded decoder or --upstream-prompt-embeds.")
     ratio: float | None = Field(default=None, ge=1.0, le=1000.0, description="Default ratio; None: the method's.")
     target_tokens: int | None = Field(default=None, ge=1, description="Default document-token budget.")
     early_stop: bool | None = Field(default=None, description="Default early stop of sentence filters at their "
@@ -27,6 +28,9 @@ class ProxySettings(BaseModel):
     served_model_name: str | None = Field(default=None, description="Name clients use; default: model.")
     upstream: str | None = Field(default=None, description="Remote OpenAI base URL (…/v1); None: in-process.")
     upstream_api_key: str | None = Field(default=None, repr=False, description="Bearer key for the upstream.")
+    upstream_prompt_embeds: bool = Field(default=False, description="The upstream is a vLLM server started with "
+                                         "--enable-prompt-embeds serving --model: soft methods (icae) are served, "
+                                         "their prompts sent as prompt_embeds on /v1/completions.")
     tokenizer: str | None = Field(default=None, description="Token-counting tokenizer; default: model's.")
     api_keys: list[str] = Field(default_factory=list, repr=False, description="Accepted bearer keys; empty: open.")
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="Larger bodies get 413.")
@@ -54,6 +58,9 @@ class ProxySettings(BaseModel):
     def _one_budget(self) -> ProxySettings:
         if self.ratio is not None and self.target_tokens is not None:
             raise ValueError("give either ratio or target_tokens as the default budget, not both")
+        if self.upstream_prompt_embeds and self.upstream is None:
+            raise ValueError("upstream_prompt_embeds applies to a remote --upstream (a vLLM server); the embedded "
+                             "decoder takes soft prompts already")
         return self
 
     def budget(self) -> Budget:

@@ -27,7 +27,7 @@ import httpx
 
 from adapters.decoders import DecoderBackend, Generation, GenerationParams, HFBackend
 from compressor.errors import InputError
-from compressor.prompt import Prompt
+from compressor.prompt import Prompt, PromptBuilder, PromptTemplate
 
 from .protocol import ChatCompletionRequest, CompletionRequest, ProxyError, new_id, now
 
@@ -37,17 +37,24 @@ Kind = Literal["chat", "completion"]
 Request = ChatCompletionRequest | CompletionRequest
 
 
+Rows = list[dict[str, Any]] | None  # per prompt (one for chat): soft rows by splice mark; None: text only
+
+
 class Upstream(ABC):
-    """One decoder behind the proxy. ``payload``: the rendered messages (chat) or prompts (completion)."""
+    """One decoder behind the proxy. ``payload``: the rendered messages (chat) or prompts (completion);
+    ``rows``: per prompt, the soft rows its splice marks stand for (only where :attr:`takes_embeddings`)."""
 
     name: str
+    decoder: str | None = None  # the model served (named or folder): soft methods are built for it
+    takes_embeddings: bool = False  # soft prompts (memory slots) can be sent to it
 
     @abstractmethod
-    async def complete(self, kind: Kind, req: Request, payload: list[Any]) -> dict[str, Any]:
+    async def complete(self, kind: Kind, req: Request, payload: list[Any], rows: Rows = None) -> dict[str, Any]:
         """The whole response."""
 
     @abstractmethod
-    async def stream(self, kind: Kind, req: Request, payload: list[Any]) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, kind: Kind, req: Request, payload: list[Any],
+                     rows: Rows = None) -> AsyncIterator[dict[str, Any]]:
         """Check the request and start; return the chunks (without the final ``[DONE]``)."""
 
     @abstractmethod
@@ -63,7 +70,8 @@ class _Stop(Exception):
 
 
 class EmbeddedUpstream(Upstream):
-    """The in-process decoder. Fields it cannot honour (logprobs, tools, penalties) are ignored."""
+    """The in-process decoder. Fields it cannot honour (logprobs, tools, penalties) are ignored. A
+    transformers decoder takes soft rows (generation from input embeddings), so soft methods are served."""
 
     def __init__(self, backend: DecoderBackend, served_name: str | None = None, *, timeout_s: float = 120.0,
                  default_max_tokens: int = 256) -> None:
@@ -74,6 +82,8 @@ class EmbeddedUpstream(Upstream):
         self.default_max_tokens = default_max_tokens
         self.created = now()
         self._lock = threading.Lock()
+        self.decoder = backend.model_name
+        self.takes_embeddings = backend.hidden_size is not None
         cfg = getattr(getattr(backend, "model", None), "config", None)
         self.max_context = getattr(cfg.get_text_config(), "max_position_embeddings", None) if cfg else None
 
@@ -90,31 +100,29 @@ class EmbeddedUpstream(Upstream):
             raise ProxyError(404, f"The model {model!r} does not exist; this proxy serves {self.served_name!r}",
                              param="model", code="model_not_found")
 
-    def _chat_prompt(self, messages: list[dict[str, Any]]) -> Prompt:
-        tok = self.backend.tokenizer
-        if not getattr(tok, "chat_template", None):
-            raise InputError(f"{self.served_name!r} has no chat template; use /v1/completions")
-        plain = []
-        for i, m in enumerate(messages):
-            content = m.get("content")
-            if isinstance(content, list):
-                other = [p.get("type") for p in content if p.get("type") != "text"]
-                if other:
-                    raise InputError(f"messages[{i}] has a {other[0]!r} part; the in-process decoder takes text only")
-                content = "".join(p.get("text", "") for p in content)
-            plain.append({"role": m["role"], "content": content or ""})
-        text = tok.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
-        return Prompt(segments=[list(tok(text, add_special_tokens=False)["input_ids"])])
+    def _chat_prompt(self, messages: list[dict[str, Any]], rows: dict[str, Any] | None = None) -> Prompt:
+        return chat_prompt(self.backend.tokenizer, messages, rows, self.served_name)
 
-    def _text_prompt(self, prompt: str) -> Prompt:
+    def _text_prompt(self, prompt: str, rows: dict[str, Any] | None = None) -> Prompt:
         if not prompt:
             raise InputError("prompt is empty")
-        return Prompt(segments=[list(self.backend.tokenizer(prompt)["input_ids"])])
+        if not rows:
+            return Prompt(segments=[list(self.backend.tokenizer(prompt)["input_ids"])])
+        tok = self.backend.tokenizer
+        segments = PromptBuilder(tok, PromptTemplate(style="chat")).splice(prompt, rows, stop=()).segments
+        special = list(tok("")["input_ids"])  # what the tokenizer puts before a text (a BOS), as above
+        if special:
+            segments = [special + segments[0], *segments[1:]] if isinstance(segments[0], list) else \
+                [special, *segments]
+        return Prompt(segments=segments)
 
-    def _jobs(self, kind: Kind, req: Request, payload: list[Any]) -> list[tuple[int, Prompt, GenerationParams]]:
+    def _jobs(self, kind: Kind, req: Request, payload: list[Any],
+              rows: Rows = None) -> list[tuple[int, Prompt, GenerationParams]]:
         """(prompt index, prompt, params) per choice, in choice order."""
         self._check_model(req.model)
-        prompts = [self._chat_prompt(payload)] if kind == "chat" else [self._text_prompt(p) for p in payload]
+        rows = rows or [None] * (1 if kind == "chat" else len(payload))
+        prompts = [self._chat_prompt(payload, rows[0])] if kind == "chat" else \
+            [self._text_prompt(p, r) for p, r in zip(payload, rows)]
         max_new = req.max_new_tokens or self.default_max_tokens
         cap = next(m.le for m in GenerationParams.model_fields["max_new_tokens"].metadata if hasattr(m, "le"))
         if max_new > cap:
@@ -159,8 +167,8 @@ class EmbeddedUpstream(Upstream):
                           code="timeout")
 
     # -- responses -------------------------------------------------------------------------------------
-    async def complete(self, kind: Kind, req: Request, payload: list[Any]) -> dict[str, Any]:
-        jobs = self._jobs(kind, req, payload)
+    async def complete(self, kind: Kind, req: Request, payload: list[Any], rows: Rows = None) -> dict[str, Any]:
+        jobs = self._jobs(kind, req, payload, rows)
         deadline = time.monotonic() + self.timeout_s
         never = threading.Event()
 
@@ -183,8 +191,9 @@ class EmbeddedUpstream(Upstream):
                 "model": self.served_name, "system_fingerprint": None, "choices": choices,
                 "usage": _usage(prompt_tokens, sum(len(g.token_ids) for g in gens))}
 
-    async def stream(self, kind: Kind, req: Request, payload: list[Any]) -> AsyncIterator[dict[str, Any]]:
-        jobs = self._jobs(kind, req, payload)
+    async def stream(self, kind: Kind, req: Request, payload: list[Any],
+                     rows: Rows = None) -> AsyncIterator[dict[str, Any]]:
+        jobs = self._jobs(kind, req, payload, rows)
         return self._chunks(kind, req, jobs)
 
     async def _chunks(self, kind: Kind, req: Request,
@@ -250,6 +259,24 @@ class EmbeddedUpstream(Upstream):
             cancelled.set()  # the client left or the stream ended: stop the decode loop at its next token
 
 
+def chat_prompt(tokenizer: Any, messages: list[dict[str, Any]], rows: dict[str, Any] | None = None,
+                served: str = "this model") -> Prompt:
+    """A chat request's prompt through the decoder's chat template, text parts joined, splice marks replaced
+    by their soft rows (:meth:`~compressor.prompt.PromptBuilder.chat`, as :meth:`adapters.RAGPipeline.chat`)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise InputError(f"{served!r} has no chat template; use /v1/completions")
+    plain = []
+    for i, m in enumerate(messages):
+        content = m.get("content")
+        if isinstance(content, list):
+            other = [p.get("type") for p in content if p.get("type") != "text"]
+            if other:
+                raise InputError(f"messages[{i}] has a {other[0]!r} part; the in-process decoder takes text only")
+            content = "".join(p.get("text", "") for p in content)
+        plain.append({"role": m["role"], "content": content or ""})
+    return PromptBuilder(tokenizer, PromptTemplate(style="chat")).chat(plain, rows)
+
+
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
@@ -266,8 +293,24 @@ class RemoteUpstream(Upstream):
     """
 
     def __init__(self, base_url: str, *, api_key: str | None = None, timeout_s: float = 120.0,
-                 connect_timeout_s: float = 5.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 connect_timeout_s: float = 5.0, transport: httpx.AsyncBaseTransport | None = None,
+                 prompt_embeds: str | None = None, tokenizer: Any | None = None) -> None:
+        """``prompt_embeds``: the model (named or HF folder) a vLLM upstream started with
+        ``--enable-prompt-embeds`` serves. Soft methods are then served: a request with slots has its chat
+        template applied here (``tokenizer``, default the model's), its text rows looked up in the model's
+        embedding table and slots spliced in, and goes to ``/v1/completions`` as ``prompt_embeds``; a chat
+        request's answer is turned back into a chat completion (and its stream into chat chunks)."""
         base = base_url.rstrip("/")
+        self.decoder = prompt_embeds
+        self.takes_embeddings = prompt_embeds is not None
+        self.table: Any = None
+        self.tokenizer = tokenizer
+        if prompt_embeds is not None:
+            from adapters.decoders.vllm import EmbeddingTable
+            from compressor.models import load_tokenizer
+
+            self.table = EmbeddingTable.from_pretrained(prompt_embeds)
+            self.tokenizer = tokenizer or load_tokenizer(prompt_embeds)
         self.name = _redact(base)  # what error messages show: never a password in the URL
         self.timeout_s = timeout_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -280,11 +323,33 @@ class RemoteUpstream(Upstream):
     async def aclose(self) -> None:
         await self.client.aclose()
 
-    @staticmethod
-    def _body(kind: Kind, req: Request, payload: list[Any]) -> dict[str, Any]:
+    def _body(self, kind: Kind, req: Request, payload: list[Any], rows: Rows = None) -> dict[str, Any]:
+        if rows:
+            return self._embeds_body(kind, req, payload, rows)
         if kind == "chat":
             return req.upstream_body(messages=payload)
         return req.upstream_body(prompt=payload[0] if isinstance(req.prompt, str) else payload)
+
+    def _embeds_body(self, kind: Kind, req: Request, payload: list[Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """A ``/v1/completions`` body carrying the prompt(s) as ``prompt_embeds``: every field the client sent
+        passes, the messages or prompt replaced."""
+        from adapters.decoders.remote import encode_embeds
+        from adapters.decoders.vllm import prompt_embeds
+
+        if kind == "chat":
+            prompts = [chat_prompt(self.tokenizer, payload, rows[0])]
+        else:
+            builder = PromptBuilder(self.tokenizer, PromptTemplate(style="chat"))
+            prompts = [builder.splice(p, r, stop=()) for p, r in zip(payload, rows)]
+        t = self.table
+        embeds = [encode_embeds(prompt_embeds(t, p), t.hidden_size, t.dtype) for p in prompts]
+        body = req.upstream_body()
+        body.pop("messages", None)
+        body.pop("prompt", None)
+        if "max_completion_tokens" in body:
+            body["max_tokens"] = body.pop("max_completion_tokens")
+        body["prompt_embeds"] = embeds[0] if len(embeds) == 1 else embeds
+        return body
 
     def _transport_error(self, e: httpx.HTTPError) -> ProxyError:
         if isinstance(e, httpx.TimeoutException):
@@ -341,18 +406,20 @@ class RemoteUpstream(Upstream):
             raise self._bad(f"sent a JSON {type(data).__name__} where an object belongs")
         return data
 
-    async def complete(self, kind: Kind, req: Request, payload: list[Any]) -> dict[str, Any]:
-        path = "chat/completions" if kind == "chat" else "completions"
-        return await self._json("POST", path, self._body(kind, req, payload) | {"stream": False})
+    async def complete(self, kind: Kind, req: Request, payload: list[Any], rows: Rows = None) -> dict[str, Any]:
+        path = "chat/completions" if kind == "chat" and not rows else "completions"
+        out = await self._json("POST", path, self._body(kind, req, payload, rows) | {"stream": False})
+        return _chat_response(out) if kind == "chat" and rows else out
 
-    async def stream(self, kind: Kind, req: Request, payload: list[Any]) -> AsyncIterator[dict[str, Any]]:
-        path = "chat/completions" if kind == "chat" else "completions"
+    async def stream(self, kind: Kind, req: Request, payload: list[Any],
+                     rows: Rows = None) -> AsyncIterator[dict[str, Any]]:
+        path = "chat/completions" if kind == "chat" and not rows else "completions"
         try:
             with anyio.fail_after(self.timeout_s):
-                r = await self._send("POST", path, self._body(kind, req, payload), stream=True)
+                r = await self._send("POST", path, self._body(kind, req, payload, rows), stream=True)
         except TimeoutError:
             raise self._timeout("deadline") from None
-        return self._events(r)
+        return _chat_chunks(self._events(r)) if kind == "chat" and rows else self._events(r)
 
     async def _events(self, r: httpx.Response) -> AsyncIterator[dict[str, Any]]:
         done = False
@@ -389,6 +456,30 @@ class RemoteUpstream(Upstream):
         if not isinstance(data, list):
             raise self._bad("sent a model list whose data is not a list")
         return data
+
+
+def _chat_response(out: dict[str, Any]) -> dict[str, Any]:
+    """A text completion (what ``prompt_embeds`` is answered with) as the chat completion the client asked for."""
+    choices = [{"index": c.get("index", i), "message": {"role": "assistant", "content": c.get("text", "")},
+                "logprobs": None, "finish_reason": c.get("finish_reason")} for i, c in enumerate(out.get("choices", []))]
+    return {**out, "id": "chatcmpl-" + str(out.get("id", "")).removeprefix("cmpl-"), "object": "chat.completion",
+            "choices": choices}
+
+
+async def _chat_chunks(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    """Text completion stream chunks as chat completion chunks, the assistant role announced first per choice."""
+    started: set[int] = set()
+    async for e in events:
+        choices = []
+        for i, c in enumerate(e.get("choices") or []):
+            ci = c.get("index", i)
+            delta: dict[str, Any] = {"content": c.get("text", "")}
+            if ci not in started:
+                started.add(ci)
+                delta = {"role": "assistant", **delta}
+            choices.append({"index": ci, "delta": delta, "logprobs": None, "finish_reason": c.get("finish_reason")})
+        yield {**e, "id": "chatcmpl-" + str(e.get("id", "")).removeprefix("cmpl-"),
+               "object": "chat.completion.chunk", "choices": choices}
 
 
 def _error_of(text: str) -> dict[str, str | None] | None:

@@ -10,7 +10,6 @@ import httpx
 import openai
 import pytest
 
-from compressor import registry
 from compressor.errors import InputError
 from serving.app import ProxySettings, create_app, serve_in_thread
 from serving.documents import extract_chat, render_chat
@@ -134,15 +133,11 @@ def test_bad_method_is_a_clear_400(oa):
     assert "'nope'" in err["message"] and "bm25" in err["message"] and "minilm" in err["message"]
 
 
-def test_strict_extensions_and_soft_methods(oa, monkeypatch):
+def test_strict_extensions(oa):
     with pytest.raises(openai.BadRequestError, match="compression.ratio_typo"):
         ask(oa, extra_body={"compression": {"ratio_typo": 3}})
     with pytest.raises(openai.BadRequestError, match="documents.0"):
         ask(oa, extra_body={"documents": [{"text": "x", "body": "y"}]})
-    monkeypatch.setitem(registry._REGISTRY, "softy", registry.CompressorSpec(
-        "softy", factory=lambda **kw: pytest.fail("never built"), kind="soft", description="test"))
-    with pytest.raises(openai.BadRequestError, match="vLLM upstream with prompt embeddings"):
-        ask(oa, extra_body={"documents": DOCS, "compression": {"method": "softy"}})
 
 
 def test_unknown_model_route_and_size_limits(oa, proxy, smol_backend):

@@ -1,0 +1,174 @@
+"""Soft methods through the proxy's door: the shipped ICAE encoder's memory slots reach the decoder as embeddings,
+through the official openai client, with the embedded decoder and with a prompt-embeds upstream, and the answers
+equal the Python API's (:meth:`adapters.RAGPipeline.chat`, greedy) for the same request.
+
+The prompt-embeds upstream is a stub here that answers from the embeddings it is sent, with the same decoder
+(``make test-vllm`` runs a real vLLM server); an upstream that takes text only gets a clear 400."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from adapters import RAGPipeline
+from adapters.decoders import GenerationParams
+from adapters.decoders.remote import decode_embeds
+from compressor import Budget
+from compressor.prompt import Prompt
+from serving.app import ProxySettings, create_app, serve_in_thread
+
+MODEL = "smollm2-135m-instruct"
+DOCS = [{"title": "Hamlet", "text": "Hamlet is a tragedy written by William Shakespeare around 1600. It is set in "
+                                    "Denmark, at the royal castle of Elsinore."},
+        {"title": "Cats", "text": "Cats sleep for most of the day. They purr when they are content."}]
+QUESTION = "Who wrote Hamlet?"
+MAX_TOKENS = 12
+
+
+def client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def ask(oa: openai.OpenAI, docs=DOCS, question=QUESTION, **kw):
+    compression = {"method": "icae", **kw.pop("compression", {})}
+    return oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
+                                      max_tokens=MAX_TOKENS, temperature=0,
+                                      extra_body={"documents": docs, "compression": compression}, **kw)
+
+
+@pytest.fixture(scope="module")
+def pipe(smol_backend) -> RAGPipeline:
+    return RAGPipeline(decoder=smol_backend, method="icae", params=GenerationParams(max_new_tokens=MAX_TOKENS))
+
+
+@pytest.fixture(scope="module")
+def proxy(smol_backend) -> Iterator[str]:
+    with serve_in_thread(create_app(ProxySettings(method="bm25"), backend=smol_backend)) as base:
+        yield base
+
+
+@pytest.mark.real_model
+def test_icae_through_the_openai_client_equals_the_python_api(proxy, pipe):
+    oa = client(proxy)
+    r = ask(oa)
+    want = pipe.chat([{"role": "user", "content": QUESTION}], DOCS)
+    block = r.model_extra["compression"]
+    assert r.choices[0].message.content.strip() == want.text and want.text, (r.choices[0].message.content, want.text)
+    assert (block["method"], block["kind"], block["tokens_after"]) == ("icae", "soft", want.tokens_out)
+    assert block["tokens_before"] == want.tokens_in and block["ratio"] == pytest.approx(want.ratio)
+    assert r.usage.prompt_tokens == want.prompt_tokens  # slots count as prompt tokens
+    chunks = list(ask(oa, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].model_extra["compression"]["kind"] == "soft"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
+    assert chunks[-1].usage.prompt_tokens == want.prompt_tokens
+    stop = ask(oa, stop=["Shake"])  # stop sequences hold as for text methods
+    assert "Shake" not in stop.choices[0].message.content and stop.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.real_model
+def test_a_five_token_document_at_ratio_4_is_answered_and_strict_refuses_it(proxy):
+    """A target rounds: 5 tokens cannot be 1 slot, so they become 2 and the block says granularity; a strict
+    budget is a 400 naming the ratio icae reaches."""
+    oa = client(proxy)
+    doc = [{"title": "Capital", "text": "Paris is France's capital."}]
+    r = ask(oa, docs=doc, question="What is the capital of France?", compression={"ratio": 4})
+    block = r.model_extra["compression"]
+    assert block["stopped_by"] == "granularity" and block["asked_ratio"] == 4 and block["ratio"] < 4, block
+    assert r.choices[0].message.content.strip()
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(oa, docs=doc, question="What is the capital of France?", compression={"ratio": 4, "strict": True})
+    err = e.value.body
+    assert err["code"] == "budget_unreachable" and "ask for ratio <= " in err["message"] and "strict" in err["message"]
+
+
+@pytest.mark.real_model
+def test_marked_documents_on_the_completions_route(proxy, smol_backend):
+    """A <document> block in a completion prompt becomes slots in place; the text around it stays text."""
+    oa = client(proxy)
+    prompt = f"<document title=\"Hamlet\">{DOCS[0]['text']}</document>\nQuestion: {QUESTION}\nAnswer:"
+    r = oa.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0,
+                              extra_body={"compression": {"method": "icae"}})
+    block = r.model_extra["compression"]
+    assert block["kind"] == "soft" and block["documents"] == 1 and block["tokens_after"] < block["tokens_before"]
+    assert r.usage.prompt_tokens < len(smol_backend.tokenizer(prompt)["input_ids"])
+
+
+def _embeds_stub(backend, seen: list[dict]) -> httpx.MockTransport:
+    """A prompt-embeds upstream: decodes the tensor it is sent and answers from it with ``backend``."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(body)
+        if request.url.path.endswith("/chat/completions"):  # text methods: a plain chat answer
+            return httpx.Response(200, json={"id": "chatcmpl-1", "object": "chat.completion", "model": MODEL,
+                                             "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                                          "finish_reason": "stop"}]})
+        assert request.url.path.endswith("/v1/completions"), request.url.path
+        x = decode_embeds(body["prompt_embeds"])
+        g = backend.generate([Prompt(segments=[x])], GenerationParams(max_new_tokens=body["max_tokens"]))[0]
+        if not body.get("stream"):
+            return httpx.Response(200, json={"id": "cmpl-1", "object": "text_completion", "model": MODEL,
+                                             "choices": [{"index": 0, "text": g.text, "finish_reason": g.finish_reason}],
+                                             "usage": {"prompt_tokens": x.shape[0], "completion_tokens": len(g.token_ids),
+                                                       "total_tokens": x.shape[0] + len(g.token_ids)}})
+        events = [{"id": "cmpl-1", "object": "text_completion", "model": MODEL,
+                   "choices": [{"index": 0, "text": g.text, "finish_reason": None}]},
+                  {"id": "cmpl-1", "object": "text_completion", "model": MODEL,
+                   "choices": [{"index": 0, "text": "", "finish_reason": g.finish_reason}]}]
+        sse = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+        return httpx.Response(200, text=sse, headers={"content-type": "text/event-stream"})
+
+    return httpx.MockTransport(handle)
+
+
+@pytest.mark.real_model
+def test_a_prompt_embeds_upstream_gets_the_same_prompt_as_embeddings(smol_backend, pipe):
+    seen: list[dict] = []
+    settings = ProxySettings(upstream="http://vllm.invalid/v1", upstream_prompt_embeds=True, method="bm25")
+    with serve_in_thread(create_app(settings, backend=smol_backend, transport=_embeds_stub(smol_backend, seen))) as b:
+        oa = client(b)
+        r = ask(oa)
+        want = pipe.chat([{"role": "user", "content": QUESTION}], DOCS)
+        assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+        assert r.choices[0].message.content.strip() == want.text
+        body = seen[-1]
+        assert "messages" not in body and body["max_tokens"] == MAX_TOKENS and body["model"] == MODEL
+        assert decode_embeds(body["prompt_embeds"]).shape[0] == want.prompt_tokens
+        chunks = list(ask(oa, stream=True))
+        assert chunks[0].object == "chat.completion.chunk" and chunks[0].choices[0].delta.role == "assistant"
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
+        text = ask(oa, compression={"method": "bm25", "ratio": 2})  # text methods still go to the chat route
+        assert "messages" in seen[-1] and text.choices
+
+
+def test_an_upstream_without_embeddings_gets_a_400_naming_the_text_methods(smol_backend):
+    def never(request: httpx.Request) -> httpx.Response:
+        raise AssertionError("nothing may reach the upstream")
+
+    settings = ProxySettings(upstream="http://text-only.invalid/v1", method="bm25")
+    with serve_in_thread(create_app(settings, backend=smol_backend, transport=httpx.MockTransport(never))) as b:
+        with pytest.raises(openai.BadRequestError) as e:
+            ask(client(b))
+    err = e.value.body
+    assert err["code"] == "unsupported_method" and err["param"] == "compression.method"
+    assert "--upstream-prompt-embeds" in err["message"] and "bm25" in err["message"] and "sentinel" in err["message"]
+
+
+def test_prompt_embeds_needs_a_remote_upstream():
+    with pytest.raises(ValueError, match="upstream_prompt_embeds applies to a remote --upstream"):
+        ProxySettings(upstream_prompt_embeds=True)
+
+
+def test_the_budget_options_reach_the_compressor(smol_backend):
+    """compression.strict and the asked ratio travel with the request (a text method, the fake-free path)."""
+    with serve_in_thread(create_app(ProxySettings(method="bm25"), backend=smol_backend)) as b:
+        r = client(b).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=2, temperature=0,
+            extra_body={"documents": DOCS, "compression": {"ratio": 3}})
+        block = r.model_extra["compression"]
+        assert block["asked_ratio"] == 3 and block["kind"] == "text" and block["stopped_by"] == "budget"
+        assert Budget(ratio=3).max_tokens(block["tokens_before"]) >= block["tokens_after"]
