@@ -281,7 +281,8 @@ def write_benchmarks_md(rows: list[dict[str, Any]], cfg: BenchConfig, command: s
         f"first {cfg.limit} questions of each set, seed {cfg.seed}.",
         "",
         "`ratio` is measured in the decoder's tokens (context tokens in / out). `d_f1_vs_none` is paired on the "
-        "same questions, with a bootstrap 95% interval; differences whose interval spans 0 are noise.",
+        "same questions, with a bootstrap 95% interval; differences whose interval spans 0 are noise. `n_errors`: "
+        "questions whose compressor or decoder raised (recorded in the samples, scored as misses).",
         "",
         notes,
         "",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from compressor.base import Budget
@@ -31,6 +33,9 @@ class ProxySettings(BaseModel):
     upstream_prompt_embeds: bool = Field(default=False, description="The upstream is a vLLM server started with "
                                          "--enable-prompt-embeds serving --model: soft methods (icae) are served, "
                                          "their prompts sent as prompt_embeds on /v1/completions.")
+    upstream_dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        default="bfloat16", description="With upstream_prompt_embeds: the dtype the vLLM upstream runs (its "
+        "--dtype); prompt embeddings are sent in it.")
     tokenizer: str | None = Field(default=None, description="Token-counting tokenizer; default: model's.")
     api_keys: list[str] = Field(default_factory=list, repr=False, description="Accepted bearer keys; empty: open.")
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="Larger bodies get 413.")

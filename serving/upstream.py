@@ -294,12 +294,13 @@ class RemoteUpstream(Upstream):
 
     def __init__(self, base_url: str, *, api_key: str | None = None, timeout_s: float = 120.0,
                  connect_timeout_s: float = 5.0, transport: httpx.AsyncBaseTransport | None = None,
-                 prompt_embeds: str | None = None, tokenizer: Any | None = None) -> None:
+                 prompt_embeds: str | None = None, embeds_dtype: str = "bfloat16", tokenizer: Any | None = None) -> None:
         """``prompt_embeds``: the model (named or HF folder) a vLLM upstream started with
         ``--enable-prompt-embeds`` serves. Soft methods are then served: a request with slots has its chat
         template applied here (``tokenizer``, default the model's), its text rows looked up in the model's
         embedding table and slots spliced in, and goes to ``/v1/completions`` as ``prompt_embeds``; a chat
-        request's answer is turned back into a chat completion (and its stream into chat chunks)."""
+        request's answer is turned back into a chat completion (and its stream into chat chunks).
+        ``embeds_dtype``: the dtype the upstream runs in (its ``--dtype``)."""
         base = base_url.rstrip("/")
         self.decoder = prompt_embeds
         self.takes_embeddings = prompt_embeds is not None
@@ -309,7 +310,7 @@ class RemoteUpstream(Upstream):
             from adapters.decoders.vllm import EmbeddingTable
             from compressor.models import load_tokenizer
 
-            self.table = EmbeddingTable.from_pretrained(prompt_embeds)
+            self.table = EmbeddingTable.from_pretrained(prompt_embeds, embeds_dtype)
             self.tokenizer = tokenizer or load_tokenizer(prompt_embeds)
         self.name = _redact(base)  # what error messages show: never a password in the URL
         self.timeout_s = timeout_s

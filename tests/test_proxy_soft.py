@@ -70,14 +70,15 @@ def test_icae_through_the_openai_client_equals_the_python_api(proxy, pipe):
 
 
 @pytest.mark.real_model
-def test_a_five_token_document_at_ratio_4_is_answered_and_strict_refuses_it(proxy):
+def test_a_five_token_document_at_ratio_4_is_answered_and_strict_refuses_it(proxy, smol_backend):
     """A target rounds: 5 tokens cannot be 1 slot, so they become 2 and the block says granularity; a strict
     budget is a 400 naming the ratio icae reaches."""
     oa = client(proxy)
-    doc = [{"title": "Capital", "text": "Paris is France's capital."}]
+    doc = [{"title": "Capital", "text": "The capital is Paris."}]
+    assert len(smol_backend.tokenizer(doc[0]["text"], add_special_tokens=False)["input_ids"]) == 5
     r = ask(oa, docs=doc, question="What is the capital of France?", compression={"ratio": 4})
     block = r.model_extra["compression"]
-    assert block["stopped_by"] == "granularity" and block["asked_ratio"] == 4 and block["ratio"] < 4, block
+    assert block["stopped_by"] == "granularity" and block["asked_ratio"] == 4 and block["ratio"] == 2.5, block
     assert r.choices[0].message.content.strip()
     with pytest.raises(openai.BadRequestError) as e:
         ask(oa, docs=doc, question="What is the capital of France?", compression={"ratio": 4, "strict": True})

@@ -375,6 +375,41 @@ class TestRemote:
                 _assert_same(gens, hf_refs[k], f"remote {k}")
                 assert all(0 < g.ttft_s <= g.e2e_s for g in gens)
 
+    def test_the_proxy_serves_icae_through_a_prompt_embeds_upstream(self, server):
+        """`ragpress serve --upstream URL --upstream-prompt-embeds`: the official openai client gets the Python
+        API's answer (RAGPipeline.chat on the same server, greedy) for icae, streaming and not; a text method
+        still goes to the chat route."""
+        import openai
+
+        from adapters import RAGPipeline
+        from compressor.icae import SHIPPED_ARTIFACT
+        from compressor.models import resolve_model
+        from serving.app import ProxySettings, create_app, serve_in_thread
+
+        if not SHIPPED_ARTIFACT.is_dir():
+            pytest.fail("the icae encoder does not ship; the soft door cannot be tested")
+        served = str(resolve_model("smollm2-135m-instruct"))
+        docs = [{"title": "Hamlet", "text": "Hamlet is a tragedy written by William Shakespeare around 1600."},
+                {"title": "Cats", "text": "Cats sleep for most of the day. They purr when they are content."}]
+        messages = [{"role": "user", "content": "Who wrote Hamlet?"}]
+        with RemoteVLLMBackend(server, "smollm2-135m-instruct", dtype=DTYPE) as be:
+            want = RAGPipeline(decoder=be, method="icae", params=PARAMS).chat(messages, docs)
+        settings = ProxySettings(upstream=f"{server}/v1", upstream_prompt_embeds=True, upstream_dtype=DTYPE,
+                                 method="bm25", model="smollm2-135m-instruct")
+        with serve_in_thread(create_app(settings)) as base:
+            oa = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=300)
+            kw = dict(model=served, messages=messages, max_tokens=PARAMS.max_new_tokens, temperature=0,
+                      extra_body={"documents": docs, "compression": {"method": "icae"}})
+            r = oa.chat.completions.create(**kw)
+            assert r.choices[0].message.content.strip() == want.text and want.text
+            assert r.model_extra["compression"]["kind"] == "soft" and r.usage.prompt_tokens == want.prompt_tokens
+            chunks = list(oa.chat.completions.create(**kw, stream=True))
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
+                r.choices[0].message.content
+            text = oa.chat.completions.create(**{**kw, "extra_body": {"documents": docs,
+                                                                     "compression": {"method": "bm25"}}})
+            assert text.model_extra["compression"]["kind"] == "text" and text.choices[0].message.content
+
     def test_remote_refuses_another_model(self, server):
         with pytest.raises(BackendError, match="serves"):
             RemoteVLLMBackend(server, "smollm2-135m-instruct", served_model="Qwen/Qwen2.5-0.5B")
