@@ -253,7 +253,7 @@ def create_app(settings: ProxySettings | None = None, *, backend: DecoderBackend
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "upstream": upstream.name, "method": settings.method,
-                "methods": handler.text_methods()}
+                "methods": handler.served_methods()}
 
     @app.get("/metrics", dependencies=secured)
     async def metrics_() -> PlainTextResponse:

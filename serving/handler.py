@@ -70,6 +70,12 @@ class ProxyHandler:
     def text_methods(self) -> list[str]:
         return [n for n, s in available_compressors().items() if s.kind == "text"]
 
+    def served_methods(self) -> list[str]:
+        """The methods a request may ask for here: the text ones, and the soft ones that ship where the upstream
+        takes embeddings."""
+        return [n for n, s in available_compressors().items()
+                if s.kind == "text" or (self.upstream.takes_embeddings and s.shipped)]
+
     def compressor(self, name: str) -> Compressor:
         """The compressor for a registered method (built on first use, for the upstream's model)."""
         spec = get_spec(name)  # UnknownNameError lists the registered names

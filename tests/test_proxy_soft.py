@@ -146,6 +146,11 @@ def test_a_prompt_embeds_upstream_gets_the_same_prompt_as_embeddings(smol_backen
         assert "messages" in seen[-1] and text.choices
 
 
+def test_health_lists_the_methods_served_here(proxy):
+    methods = httpx.get(f"{proxy}/health", timeout=10).json()["methods"]
+    assert "icae" in methods and "sentinel" in methods and "xrag" not in methods  # xrag ships no trained bridge
+
+
 def test_an_upstream_without_embeddings_gets_a_400_naming_the_text_methods(smol_backend):
     def never(request: httpx.Request) -> httpx.Response:
         raise AssertionError("nothing may reach the upstream")
@@ -154,6 +159,7 @@ def test_an_upstream_without_embeddings_gets_a_400_naming_the_text_methods(smol_
     with serve_in_thread(create_app(settings, backend=smol_backend, transport=httpx.MockTransport(never))) as b:
         with pytest.raises(openai.BadRequestError) as e:
             ask(client(b))
+        assert "icae" not in httpx.get(f"{b}/health", timeout=10).json()["methods"]
     err = e.value.body
     assert err["code"] == "unsupported_method" and err["param"] == "compression.method"
     assert "--upstream-prompt-embeds" in err["message"] and "bm25" in err["message"] and "sentinel" in err["message"]
