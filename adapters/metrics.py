@@ -83,7 +83,7 @@ def evidence_recall(ctx: CompressedContext, passages: Sequence[Passage], min_cov
             if cp is None:
                 kept += merged is not None and " ".join(p.text[s:e].split()) in merged
                 continue
-            if ctx.kind == "soft":
+            if ctx.kind == "soft" and not cp.spans:  # slots of a whole passage (a composition keeps its spans)
                 kept += 1
                 continue
             chars = [k for k in range(s, e) if not p.text[k].isspace()]

@@ -1,6 +1,7 @@
 """ragpress compressors: one contract (``compress(query, passages, budget) -> CompressedContext``), a
 registry by name, and the families behind it."""
 
+from . import compose as _compose  # noqa: F401  (registers sentinel+icae)
 from . import filters as _filters  # noqa: F401  (registers bm25 / minilm)
 from . import icae as _icae  # noqa: F401  (registers icae when its trained encoder ships)
 from . import longllmlingua as _longllmlingua  # noqa: F401  (registers the outside peer)

@@ -21,7 +21,7 @@ from .errors import ConfigError, UnknownNameError
 
 __all__ = ["CompressorSpec", "register_compressor", "get_compressor", "available_compressors", "get_spec"]
 
-_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{1,31}$")
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{1,31}(\+[a-z][a-z0-9_]{1,31})?$")  # 'a+b': a composition
 _REGISTRY: dict[str, CompressorSpec] = {}
 _ENTRY_POINTS_LOADED = False
 ENTRY_POINT_GROUP = "ragpress.compressors"
@@ -56,7 +56,7 @@ def register_compressor(
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise ConfigError(
             f"compressor name {name!r} is invalid: use 2-32 chars of lowercase letters, digits and '_', "
-            "starting with a letter"
+            "starting with a letter (a composition joins two such names with '+')"
         )
     if name in _REGISTRY:
         raise ConfigError(f"compressor {name!r} is already registered; pick another name")

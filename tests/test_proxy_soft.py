@@ -33,8 +33,8 @@ def client(base: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def ask(oa: openai.OpenAI, docs=DOCS, question=QUESTION, **kw):
-    compression = {"method": "icae", **kw.pop("compression", {})}
+def ask(oa: openai.OpenAI, docs=DOCS, question=QUESTION, method="icae", **kw):
+    compression = {"method": method, **kw.pop("compression", {})}
     return oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
                                       max_tokens=MAX_TOKENS, temperature=0,
                                       extra_body={"documents": docs, "compression": compression}, **kw)
@@ -67,6 +67,17 @@ def test_icae_through_the_openai_client_equals_the_python_api(proxy, pipe):
     assert chunks[-1].usage.prompt_tokens == want.prompt_tokens
     stop = ask(oa, stop=["Shake"])  # stop sequences hold as for text methods
     assert "Shake" not in stop.choices[0].message.content and stop.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.real_model
+def test_the_composition_is_served_too(proxy, smol_backend):
+    """sentinel+icae: the filter's sentences as slots, the same answer as the Python API."""
+    pipe = RAGPipeline(decoder=smol_backend, method="sentinel+icae", params=GenerationParams(max_new_tokens=MAX_TOKENS))
+    r = ask(client(proxy), method="sentinel+icae", compression={"ratio": 8})
+    want = pipe.chat([{"role": "user", "content": QUESTION}], DOCS, Budget(ratio=8))
+    block = r.model_extra["compression"]
+    assert r.choices[0].message.content.strip() == want.text and block["method"] == "sentinel+icae"
+    assert block["kind"] == "soft" and block["tokens_after"] == want.tokens_out and block["asked_ratio"] == 8
 
 
 @pytest.mark.real_model
