@@ -142,12 +142,13 @@ class PromptBuilder:
         found = sorted((text.find(mark), mark) for mark in rows)
         if found and found[0][0] < 0:
             missing = [m for at, m in found if at < 0]
-            raise ValueError(f"splice mark {missing[0]!r} is not in the rendered prompt")
+            raise InputError(f"a document's place ({missing[0]!r}) is not in the rendered prompt: the chat template "
+                             "dropped or rewrote the message holding it; put the documents in a user message")
         segments: list[Any] = []
         bos, pos = self._bos(), 0
         for at, mark in found:
             if rows[mark] is None:
-                raise ValueError(f"splice mark {mark!r} has no soft rows")
+                raise InputError(f"splice mark {mark!r} has no soft rows")
             segments += [bos + self._encode(text[pos:at]), rows[mark]]
             bos, pos = [], at + len(mark)
         segments.append(bos + self._encode(text[pos:]))

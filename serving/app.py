@@ -182,7 +182,8 @@ def _build_upstream(settings: ProxySettings, backend: DecoderBackend | None,
         settings.tokenizer or settings.model)
     up = RemoteUpstream(settings.upstream, api_key=settings.upstream_api_key, timeout_s=settings.timeout_s,
                         transport=transport, prompt_embeds=settings.model if settings.upstream_prompt_embeds else None,
-                        embeds_dtype=settings.upstream_dtype, tokenizer=backend.tokenizer if backend is not None else None)
+                        embeds_dtype=settings.upstream_dtype, tokenizer=backend.tokenizer if backend is not None else None,
+                        default_max_tokens=settings.default_max_tokens)
     return up, tok
 
 

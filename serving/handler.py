@@ -17,7 +17,7 @@ import anyio
 
 from adapters.evaluate import build_method
 from compressor.base import Budget, CompressedContext, Compressor, TokenCounter
-from compressor.errors import BudgetError, InputError
+from compressor.errors import ArtifactError, BudgetError, ConfigError, InputError
 from compressor.prompt import with_marks
 from compressor.registry import available_compressors, get_spec
 
@@ -64,7 +64,10 @@ class ProxyHandler:
         self._compressors: dict[str, Compressor] = {}
         self._build_lock = threading.Lock()
         self._compress_lock = threading.Lock()
-        self.compressor(method)
+        try:
+            self.compressor(method)
+        except ProxyError as e:  # a bad default fails at start-up, as one line
+            raise ConfigError(f"--method {method}: {e}") from None
 
     # -- compression -----------------------------------------------------------------------------------
     def text_methods(self) -> list[str]:
@@ -86,7 +89,12 @@ class ProxyHandler:
                              f"{', '.join(self.text_methods())}", param="compression.method", code="unsupported_method")
         with self._build_lock:
             if name not in self._compressors:
-                self._compressors[name] = build_method(name, self.counter, self.upstream.decoder or "")
+                try:
+                    self._compressors[name] = build_method(name, self.counter, self.upstream.decoder or "")
+                except ArtifactError as e:  # no trained artifact here, or one for another decoder
+                    raise ProxyError(400, f"method {name!r} is not available on this server ({e}); methods served "
+                                     f"here: {', '.join(self.served_methods())}", param="compression.method",
+                                     code="method_unavailable") from None
             return self._compressors[name]
 
     def _budget(self, opts: CompressionOptions | None) -> Budget:
@@ -119,7 +127,8 @@ class ProxyHandler:
                 try:
                     return comp.compress(docs.query, docs.passages, budget)
                 except BudgetError as e:  # a strict budget the method cannot meet: the client's to change
-                    raise ProxyError(400, str(e), param="compression.ratio", code="budget_unreachable") from None
+                    param = "compression.target_tokens" if budget.target_tokens is not None else "compression.ratio"
+                    raise ProxyError(400, str(e), param=param, code="budget_unreachable") from None
 
         t0 = time.perf_counter()
         ctx = await anyio.to_thread.run_sync(run)
@@ -182,7 +191,8 @@ def _merge(infos: list[CompressionInfo]) -> CompressionInfo:
     asked = {i.asked_ratio for i in infos}
     return CompressionInfo(method=infos[0].method, enabled=infos[0].enabled, documents=sum(i.documents for i in infos),
                            tokens_before=before, tokens_after=after, ratio=before / after if after else None,
-                           asked_ratio=asked.pop() if len(asked) == 1 else None, kind=infos[0].kind,
+                           asked_ratio=asked.pop() if len(asked) == 1 else None,
+                           kind="soft" if any(i.kind == "soft" for i in infos) else "text",
                            compression_ms=sum(i.compression_ms for i in infos),
                            stopped_by=",".join(sorted({i.stopped_by for i in infos if i.stopped_by})) or None,
                            duplicates=sum(i.duplicates for i in infos),

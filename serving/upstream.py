@@ -108,13 +108,7 @@ class EmbeddedUpstream(Upstream):
             raise InputError("prompt is empty")
         if not rows:
             return Prompt(segments=[list(self.backend.tokenizer(prompt)["input_ids"])])
-        tok = self.backend.tokenizer
-        segments = PromptBuilder(tok, PromptTemplate(style="chat")).splice(prompt, rows, stop=()).segments
-        special = list(tok("")["input_ids"])  # what the tokenizer puts before a text (a BOS), as above
-        if special:
-            segments = [special + segments[0], *segments[1:]] if isinstance(segments[0], list) else \
-                [special, *segments]
-        return Prompt(segments=segments)
+        return completion_prompt(self.backend.tokenizer, prompt, rows)
 
     def _jobs(self, kind: Kind, req: Request, payload: list[Any],
               rows: Rows = None) -> list[tuple[int, Prompt, GenerationParams]]:
@@ -277,6 +271,18 @@ def chat_prompt(tokenizer: Any, messages: list[dict[str, Any]], rows: dict[str, 
     return PromptBuilder(tokenizer, PromptTemplate(style="chat")).chat(plain, rows)
 
 
+def completion_prompt(tokenizer: Any, prompt: str, rows: dict[str, Any]) -> Prompt:
+    """A completion prompt with splice marks: the text pieces tokenized as a text prompt is (the tokenizer's
+    leading special tokens, a BOS, first), the marks replaced by their rows. Both upstreams use it."""
+    segments = PromptBuilder(tokenizer, PromptTemplate(style="chat")).splice(prompt, rows, stop=()).segments
+    ids = list(tokenizer("")["input_ids"])
+    eos = getattr(tokenizer, "eos_token_id", None)
+    special = [t for t in ids if t != eos]  # what goes before a text (a BOS), never a trailing EOS
+    if special:
+        segments = [special + segments[0], *segments[1:]] if isinstance(segments[0], list) else [special, *segments]
+    return Prompt(segments=segments)
+
+
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
@@ -294,18 +300,21 @@ class RemoteUpstream(Upstream):
 
     def __init__(self, base_url: str, *, api_key: str | None = None, timeout_s: float = 120.0,
                  connect_timeout_s: float = 5.0, transport: httpx.AsyncBaseTransport | None = None,
-                 prompt_embeds: str | None = None, embeds_dtype: str = "bfloat16", tokenizer: Any | None = None) -> None:
+                 prompt_embeds: str | None = None, embeds_dtype: str = "bfloat16", tokenizer: Any | None = None,
+                 default_max_tokens: int = 256) -> None:
         """``prompt_embeds``: the model (named or HF folder) a vLLM upstream started with
         ``--enable-prompt-embeds`` serves. Soft methods are then served: a request with slots has its chat
         template applied here (``tokenizer``, default the model's), its text rows looked up in the model's
         embedding table and slots spliced in, and goes to ``/v1/completions`` as ``prompt_embeds``; a chat
         request's answer is turned back into a chat completion (and its stream into chat chunks).
-        ``embeds_dtype``: the dtype the upstream runs in (its ``--dtype``)."""
+        ``embeds_dtype``: the dtype the upstream runs in (its ``--dtype``); ``default_max_tokens``: what a soft
+        chat request without ``max_tokens`` gets (vLLM's completions route would stop at 16)."""
         base = base_url.rstrip("/")
         self.decoder = prompt_embeds
         self.takes_embeddings = prompt_embeds is not None
         self.table: Any = None
         self.tokenizer = tokenizer
+        self.default_max_tokens = default_max_tokens
         if prompt_embeds is not None:
             from adapters.decoders.vllm import EmbeddingTable
             from compressor.models import load_tokenizer
@@ -340,8 +349,7 @@ class RemoteUpstream(Upstream):
         if kind == "chat":
             prompts = [chat_prompt(self.tokenizer, payload, rows[0])]
         else:
-            builder = PromptBuilder(self.tokenizer, PromptTemplate(style="chat"))
-            prompts = [builder.splice(p, r, stop=()) for p, r in zip(payload, rows)]
+            prompts = [completion_prompt(self.tokenizer, p, r) for p, r in zip(payload, rows)]
         t = self.table
         embeds = [encode_embeds(prompt_embeds(t, p), t.hidden_size, t.dtype) for p in prompts]
         body = req.upstream_body()
@@ -349,6 +357,8 @@ class RemoteUpstream(Upstream):
         body.pop("prompt", None)
         if "max_completion_tokens" in body:
             body["max_tokens"] = body.pop("max_completion_tokens")
+        if kind == "chat" and body.get("max_tokens") is None:  # the chat route's default, not completions' 16
+            body["max_tokens"] = self.default_max_tokens
         body["prompt_embeds"] = embeds[0] if len(embeds) == 1 else embeds
         return body
 
@@ -409,15 +419,17 @@ class RemoteUpstream(Upstream):
 
     async def complete(self, kind: Kind, req: Request, payload: list[Any], rows: Rows = None) -> dict[str, Any]:
         path = "chat/completions" if kind == "chat" and not rows else "completions"
-        out = await self._json("POST", path, self._body(kind, req, payload, rows) | {"stream": False})
+        body = await anyio.to_thread.run_sync(self._body, kind, req, payload, rows)  # tokenizes, encodes tensors
+        out = await self._json("POST", path, body | {"stream": False})
         return _chat_response(out) if kind == "chat" and rows else out
 
     async def stream(self, kind: Kind, req: Request, payload: list[Any],
                      rows: Rows = None) -> AsyncIterator[dict[str, Any]]:
         path = "chat/completions" if kind == "chat" and not rows else "completions"
+        body = await anyio.to_thread.run_sync(self._body, kind, req, payload, rows)
         try:
             with anyio.fail_after(self.timeout_s):
-                r = await self._send("POST", path, self._body(kind, req, payload, rows), stream=True)
+                r = await self._send("POST", path, body, stream=True)
         except TimeoutError:
             raise self._timeout("deadline") from None
         return _chat_chunks(self._events(r)) if kind == "chat" and rows else self._events(r)
@@ -470,6 +482,16 @@ def _chat_response(out: dict[str, Any]) -> dict[str, Any]:
 async def _chat_chunks(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
     """Text completion stream chunks as chat completion chunks, the assistant role announced first per choice."""
     started: set[int] = set()
+    try:
+        async for e in _converted(events, started):
+            yield e
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+async def _converted(events: AsyncIterator[dict[str, Any]], started: set[int]) -> AsyncIterator[dict[str, Any]]:
     async for e in events:
         choices = []
         for i, c in enumerate(e.get("choices") or []):

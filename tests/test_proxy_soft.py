@@ -121,7 +121,7 @@ def _embeds_stub(backend, seen: list[dict]) -> httpx.MockTransport:
                                                           "finish_reason": "stop"}]})
         assert request.url.path.endswith("/v1/completions"), request.url.path
         x = decode_embeds(body["prompt_embeds"])
-        g = backend.generate([Prompt(segments=[x])], GenerationParams(max_new_tokens=body["max_tokens"]))[0]
+        g = backend.generate([Prompt(segments=[x])], GenerationParams(max_new_tokens=body.get("max_tokens", 16)))[0]
         if not body.get("stream"):
             return httpx.Response(200, json={"id": "cmpl-1", "object": "text_completion", "model": MODEL,
                                              "choices": [{"index": 0, "text": g.text, "finish_reason": g.finish_reason}],
@@ -140,7 +140,8 @@ def _embeds_stub(backend, seen: list[dict]) -> httpx.MockTransport:
 @pytest.mark.real_model
 def test_a_prompt_embeds_upstream_gets_the_same_prompt_as_embeddings(smol_backend, pipe):
     seen: list[dict] = []
-    settings = ProxySettings(upstream="http://vllm.invalid/v1", upstream_prompt_embeds=True, method="bm25")
+    settings = ProxySettings(upstream="http://vllm.invalid/v1", upstream_prompt_embeds=True, method="bm25",
+                             default_max_tokens=20)
     with serve_in_thread(create_app(settings, backend=smol_backend, transport=_embeds_stub(smol_backend, seen))) as b:
         oa = client(b)
         r = ask(oa)
@@ -155,6 +156,9 @@ def test_a_prompt_embeds_upstream_gets_the_same_prompt_as_embeddings(smol_backen
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
         text = ask(oa, compression={"method": "bm25", "ratio": 2})  # text methods still go to the chat route
         assert "messages" in seen[-1] and text.choices
+        oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}], temperature=0,
+                                   extra_body={"documents": DOCS, "compression": {"method": "icae"}})
+        assert seen[-1]["max_tokens"] == 20  # the proxy's default, not the completions route's 16
 
 
 def test_health_lists_the_methods_served_here(proxy):
@@ -182,11 +186,27 @@ def test_prompt_embeds_needs_a_remote_upstream():
 
 
 def test_the_budget_options_reach_the_compressor(smol_backend):
-    """compression.strict and the asked ratio travel with the request (a text method, the fake-free path)."""
+    """compression.strict and the asked ratio travel with the request (a text method); a method without its
+    artifact here is a 400 naming what is served; a soft default on a text-only upstream fails at start-up."""
     with serve_in_thread(create_app(ProxySettings(method="bm25"), backend=smol_backend)) as b:
-        r = client(b).chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=2, temperature=0,
-            extra_body={"documents": DOCS, "compression": {"ratio": 3}})
-        block = r.model_extra["compression"]
+        oa = client(b)
+
+        def chat(compression):
+            return oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
+                                              max_tokens=2, temperature=0,
+                                              extra_body={"documents": DOCS, "compression": compression})
+
+        block = chat({"ratio": 3}).model_extra["compression"]
         assert block["asked_ratio"] == 3 and block["kind"] == "text" and block["stopped_by"] == "budget"
         assert Budget(ratio=3).max_tokens(block["tokens_before"]) >= block["tokens_after"]
+        assert chat({"target_tokens": 1}).model_extra["compression"]["stopped_by"] == "granularity"
+        with pytest.raises(openai.BadRequestError) as e:  # no sentence fits in 1 token: strict refuses
+            chat({"target_tokens": 1, "strict": True})
+        assert e.value.body["code"] == "budget_unreachable" and e.value.body["param"] == "compression.target_tokens"
+        with pytest.raises(openai.BadRequestError) as e:
+            chat({"method": "xrag"})
+        assert e.value.body["code"] == "method_unavailable" and "icae" in e.value.body["message"]
+    from compressor.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--method icae: .*--upstream-prompt-embeds"):
+        create_app(ProxySettings(upstream="http://text-only.invalid/v1", method="icae"), backend=smol_backend)

@@ -179,7 +179,7 @@ class SentenceFilter(Compressor):
     def _compress(self, query: str, passages: list[Passage], budget: Budget) -> Kept:
         tokens_in = sum(self.counter.count(p.text) for p in passages)  # repeats count: the user sent them
         if budget.ratio is None and budget.target_tokens is None and budget.threshold is None:
-            budget = budget.model_copy(update={"ratio": self.config.default_ratio})
+            budget = budget.model_copy(update={"ratio": self.config.default_ratio, "strict": False})  # not asked
         max_tokens = budget.max_tokens(tokens_in)
         unique, where = merge_repeats(passages)
         sents = self.sentences(unique)

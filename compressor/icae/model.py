@@ -273,7 +273,8 @@ class ICAECompressor(Compressor):
                CompressedPassage(index=i, title=p.title, embeds=rows[i], tokens_in=n_in[i], tokens_out=n_out[i])
                for i, p in enumerate(passages)]
         cap = budget.max_tokens(sum(n_in))
-        why = "passed_through" if any(as_text) else "granularity" if cap is not None and least > cap else "budget"
+        over = cap is not None and least > cap
+        why = ("passed_through" if any(as_text) else "granularity") if over else "budget"
         return Kept(out, stopped_by=why)
 
     @torch.no_grad()

@@ -20,14 +20,16 @@ class FullContext(Compressor):
     kind = "text"
 
     def _compress(self, query: str, passages: list[Passage], budget: Budget) -> Kept:
-        """Every passage as it is, whatever the budget (``passed_through``; a strict budget under the input
-        refuses)."""
+        """Every passage as it is, whatever the budget (``passed_through`` when the budget asked for less; a
+        strict budget under the input refuses)."""
         out = []
         for i, p in enumerate(passages):
             n = self.counter.count(p.text)
             out.append(CompressedPassage(index=i, title=p.title, text=p.text, spans=[(0, len(p.text))],
                                          tokens_in=n, tokens_out=n))
-        return Kept(out, stopped_by="passed_through")
+        cap = budget.max_tokens(sum(p.tokens_out for p in out))
+        return Kept(out, stopped_by="passed_through" if cap is not None and cap < sum(p.tokens_out for p in out)
+                    else "input")
 
 
 class NoContext(Compressor):

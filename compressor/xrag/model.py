@@ -114,8 +114,8 @@ class XRAGCompressor(Compressor):
                                  tokens_out=1)
                for i, (p, n) in enumerate(zip(passages, n_in))]
         cap = budget.max_tokens(sum(n_in))
-        why = "passed_through" if any(as_text) else "granularity" if cap is not None and len(passages) > cap \
-            else "budget"
+        over = cap is not None and len(passages) > cap
+        why = ("passed_through" if any(as_text) else "granularity") if over else "budget"
         return Kept(out, stopped_by=why)
 
     # -- artifact ---------------------------------------------------------------------------------------
