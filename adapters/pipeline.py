@@ -97,7 +97,7 @@ class RAGPipeline:
         ctx = self.compress(question, documents, budget)
         shown, rows = with_marks(ctx)
         if shown.passages:
-            msgs[users[-1]]["content"] = f"{documents_block(shown.passages)}\n\nQuestion: {question}"
+            msgs[users[-1]]["content"] = with_documents(shown.passages, question)
         g = self.backend.generate([PromptBuilder(self.backend.tokenizer, PromptTemplate(style="chat")).chat(msgs, rows)],
                                   self.params)[0]
         return Answer(text=g.text.strip(), method=ctx.method, tokens_in=ctx.tokens_in, tokens_out=ctx.tokens_out,
@@ -123,6 +123,11 @@ def documents_block(passages: Sequence[CompressedPassage]) -> str:
     for i, p in enumerate(passages, 1):
         lines.append(f"[{i}] {p.title}: {p.text}" if p.title else f"[{i}] {p.text}")
     return "Documents:\n" + "\n".join(lines)
+
+
+def with_documents(passages: Sequence[CompressedPassage], question: str) -> str:
+    """A user message with its documents block before the question (the proxy's body documents, too)."""
+    return f"{documents_block(passages)}\n\nQuestion: {question}"
 
 
 def compress_messages(
@@ -157,7 +162,7 @@ def compress_messages(
         ctx = compressor.compress(messages[last]["content"], coerce_passages(documents), budget)
         wrapped.last_context = ctx
         if ctx.passages:
-            messages[last]["content"] = f"{documents_block(ctx.passages)}\n\nQuestion: {messages[last]['content']}"
+            messages[last]["content"] = with_documents(ctx.passages, messages[last]["content"])
         if positional:  # keep the caller's convention: a transformers pipeline takes messages positionally
             return create(messages, *args, **kwargs)
         kwargs["messages"] = messages

@@ -20,7 +20,7 @@ from typing import Any
 from . import icae as _icae  # noqa: F401  (the families composed here register first)
 from . import registry
 from . import sentinel as _sentinel  # noqa: F401
-from .base import Budget, CompressedPassage, Compressor, Kept, Passage, TokenCounter
+from .base import Budget, Compressor, Kept, Passage, TokenCounter
 from .errors import ConfigError
 from .registry import CompressorSpec, get_spec, register_compressor
 
@@ -55,16 +55,13 @@ class ComposedCompressor(Compressor):
 
     def _compress(self, query: str, passages: list[Passage], budget: Budget) -> Kept:
         kept = self.first.compress(query, passages, self.filter_budget(budget))
-        texts = [Passage(text=cp.text, title=cp.title) for cp in kept.passages if cp.text and cp.text.strip()]
-        by_text = [cp for cp in kept.passages if cp.text and cp.text.strip()]
-        if not texts:
+        srcs = [cp for cp in kept.passages if cp.text and cp.text.strip()]
+        if not srcs:
             return Kept([], stopped_by=kept.stopped_by, duplicates=kept.duplicates,
                         duplicate_sentences=kept.duplicate_sentences)
-        soft = self.second.compress(query, texts, Budget())
-        out = [CompressedPassage(index=src.index, title=src.title, text=cp.text, embeds=cp.embeds, spans=src.spans,
-                                 sentence_ids=src.sentence_ids, scores=src.scores, tokens_in=src.tokens_in,
-                                 tokens_out=cp.tokens_out)
-               for src, cp in zip((by_text[p.index] for p in soft.passages), soft.passages, strict=True)]
+        soft = self.second.compress(query, [Passage(text=cp.text, title=cp.title) for cp in srcs], Budget())
+        out = [src.model_copy(update={"text": cp.text, "embeds": cp.embeds, "tokens_out": cp.tokens_out})
+               for src, cp in zip((srcs[p.index] for p in soft.passages), soft.passages, strict=True)]
         why = soft.stopped_by if soft.stopped_by in ("granularity", "passed_through") else kept.stopped_by
         return Kept(out, stopped_by=why, duplicates=kept.duplicates, duplicate_sentences=kept.duplicate_sentences)
 

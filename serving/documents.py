@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.pipeline import documents_block
+from adapters.pipeline import documents_block, with_documents
 from compressor.base import CompressedContext, CompressedPassage, Passage
 from compressor.errors import InputError
 
@@ -204,7 +204,7 @@ def render_chat(messages: list[dict[str, Any]], docs: ExtractedDocs,
         if isinstance(content, list):
             out[last]["content"] = [{"type": "text", "text": f"{block}\n\nQuestion: "}, *content]
         else:
-            out[last]["content"] = f"{block}\n\nQuestion: {content or ''}"
+            out[last]["content"] = with_documents(body_kept, content or "")
     return out
 
 

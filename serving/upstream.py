@@ -475,8 +475,11 @@ def _chat_response(out: dict[str, Any]) -> dict[str, Any]:
     """A text completion (what ``prompt_embeds`` is answered with) as the chat completion the client asked for."""
     choices = [{"index": c.get("index", i), "message": {"role": "assistant", "content": c.get("text", "")},
                 "logprobs": None, "finish_reason": c.get("finish_reason")} for i, c in enumerate(out.get("choices", []))]
-    return {**out, "id": "chatcmpl-" + str(out.get("id", "")).removeprefix("cmpl-"), "object": "chat.completion",
-            "choices": choices}
+    return {**out, "id": _chat_id(out), "object": "chat.completion", "choices": choices}
+
+
+def _chat_id(event: dict[str, Any]) -> str:
+    return "chatcmpl-" + str(event.get("id", "")).removeprefix("cmpl-")
 
 
 async def _chat_chunks(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
@@ -501,8 +504,7 @@ async def _converted(events: AsyncIterator[dict[str, Any]], started: set[int]) -
                 started.add(ci)
                 delta = {"role": "assistant", **delta}
             choices.append({"index": ci, "delta": delta, "logprobs": None, "finish_reason": c.get("finish_reason")})
-        yield {**e, "id": "chatcmpl-" + str(e.get("id", "")).removeprefix("cmpl-"),
-               "object": "chat.completion.chunk", "choices": choices}
+        yield {**e, "id": _chat_id(e), "object": "chat.completion.chunk", "choices": choices}
 
 
 def _error_of(text: str) -> dict[str, str | None] | None:
