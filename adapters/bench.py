@@ -26,7 +26,7 @@ from compressor.errors import BaseModelMismatchError, ConfigError
 from compressor.registry import get_spec
 
 from .datasets import DatasetSpec, load_examples, parse_dataset_label
-from .decoders import GenerationParams, HFBackend
+from .decoders import GenerationParams, HFBackend, backend_for
 from .evaluate import build_method, evaluate, summarize
 
 __all__ = ["DatasetSpec", "BenchConfig", "add_bench_options", "bench_config", "run_bench", "summarize_bench",
@@ -94,6 +94,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True, log: Callable[[str], None
             backend = HFBackend.load(dec)
             counter = TokenCounter.from_tokenizer(backend.tokenizer)
             comps: dict[str, Any] = {}
+            readers: dict[str, Any] = {}
             for spec in cfg.datasets:
                 exs = data[spec.label]
                 for m in cfg.methods:
@@ -124,8 +125,10 @@ def run_bench(cfg: BenchConfig, progress: bool = True, log: Callable[[str], None
                             sink.write(json.dumps(rec) + "\n")
                             sink.flush()
 
-                        evaluate(todo, backend, comps[m], budget, params, progress=progress, on_sample=write)
-            del backend, comps
+                        if m not in readers:  # a soft method trained with a decoder LoRA reads through it
+                            readers[m] = backend_for(backend, comps[m])
+                        evaluate(todo, readers[m], comps[m], budget, params, progress=progress, on_sample=write)
+            del backend, comps, readers
     rows = summarize_bench(samples_path, cfg)
     return rows
 

@@ -75,7 +75,7 @@ def run_eval(req: EvalRequest, log: Callable[[str], None] | None = None, progres
     from compressor.filters import SentenceFilter
     from compressor.models import load_tokenizer
 
-    from .decoders import HFBackend
+    from .decoders import HFBackend, backend_for
 
     get_spec(req.method)  # an unknown name fails before any data or model loads
     data = load_examples(req.dataset, req.limit, req.seed)
@@ -88,7 +88,7 @@ def run_eval(req: EvalRequest, log: Callable[[str], None] | None = None, progres
         comp.config = comp.config.model_copy(update={"min_score": None})
     if data.index is not None:
         comp.attach_index(data.index)
-    backend = HFBackend.load(req.decoder) if req.generate else None  # compress-only runs load no decoder
+    backend = backend_for(HFBackend.load(req.decoder), comp) if req.generate else None  # compress-only: no decoder
     params = GenerationParams(max_new_tokens=req.max_new_tokens)
     records = evaluate(data.examples, backend, comp, req.budget, params, progress=progress, generate=req.generate,
                        fail_fast=req.fail_fast)

@@ -28,7 +28,7 @@ from compressor.errors import InputError
 from compressor.prompt import PromptBuilder, PromptTemplate, with_marks
 from compressor.registry import get_compressor, get_spec
 
-from .decoders import DecoderBackend, GenerationParams, HFBackend
+from .decoders import DecoderBackend, GenerationParams, HFBackend, backend_for
 
 __all__ = ["Answer", "RAGPipeline", "compress_messages"]
 
@@ -73,6 +73,7 @@ class RAGPipeline:
         else:
             get_spec(method)  # unknown names fail before any model loads
             self.compressor = get_compressor(method, counter=self.counter, **method_options)
+        self.backend = backend_for(self.backend, self.compressor)  # a decoder LoRA the method was trained with
         self.budget = budget if isinstance(budget, Budget) or budget is None else Budget(**budget)
         self.builder = self.backend.prompt_builder(template)
         self.params = params or GenerationParams()

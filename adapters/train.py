@@ -21,7 +21,16 @@ class SoftData(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     data: Path = Field(default=Path("../shared/data"), description="The shared data folder.")
-    distractors: int = Field(default=0, ge=0, le=50, description="Stage 2: K BM25 passages around each NQ gold one.")
+    distractors: int = Field(default=0, ge=0, le=50, description="Stage 2: K BM25 passages around each NQ gold one "
+                             "(with multi_passage: the most, k drawn from 0..K per question).")
+    multi_passage: bool = Field(default=False, description="Stage 2 on contexts shaped like the benchmark's: NQ and "
+                                "SQuAD with 0..K distractors, HotpotQA with its 10 paragraphs, order shuffled, gold "
+                                "passages marked for the distillation teacher (adapters.training_data.distill_records).")
+    n_hotpot: int | None = Field(default=200, ge=0, description="multi_passage: HotpotQA training questions at most.")
+    n_val: int = Field(default=50, ge=0, le=100, description="multi_passage: NQ validation questions (held out, not "
+                       "the benchmark's) answered at every checkpoint: the learning curve in val_log.jsonl.")
+    teacher_cache: Path | None = Field(default=None, description="Where distillation targets are cached (default: "
+                                       "<work dir>/teacher); reused by any run on the same base model and prompts.")
     n_stage1: int | None = Field(default=None, ge=0, description="Use at most this many stage-1 passages.")
     n_nq: int | None = Field(default=None, ge=0, description="Use at most this many NQ training questions.")
     n_squad: int | None = Field(default=None, ge=0, description="Use at most this many SQuAD training questions.")
@@ -32,19 +41,31 @@ def train_soft(family: str, config: Any, train: Any, data: SoftData, out: str | 
     """Train ``family`` (``icae`` or ``xrag``) with its ``config`` and ``train`` settings, resumably in
     ``work_dir`` (default ``runs/<family>-train/<out name>``); write the artifact to ``out``. A run of zero
     steps writes an untrained control (``"trained": false``). Returns (artifact folder, training report)."""
-    from .training_data import xrag_records
+    from .metrics import accuracy, f1_score
+    from .training_data import distill_records, distill_val_records, xrag_records
 
+    extra: dict[str, Any] = {}
     if family == "icae":
         from compressor.icae.train import train_icae as trainer
+
+        extra = {"accept": lambda text, r: accuracy(text, r.answers or (r.answer,)) > 0,
+                 "teacher_cache": data.teacher_cache,
+                 "score": lambda text, r: {"accuracy": accuracy(text, r.answers), "f1": f1_score(text, r.answers)}}
     elif family == "xrag":
         from compressor.xrag.train import train_xrag as trainer
     else:
         raise ValueError(f"train_soft trains icae or xrag, not {family!r}")
     out = Path(out)
-    texts, qa, provenance = xrag_records(data.data, data.n_stage1, data.n_nq, data.n_squad, data.distractors,
-                                         seed=train.seed)
+    texts, qa, provenance = xrag_records(data.data, data.n_stage1, data.n_nq, data.n_squad,
+                                         0 if data.multi_passage else data.distractors, seed=train.seed)
+    if data.multi_passage:
+        qa, multi = distill_records(data.data, data.distractors or 9, data.n_nq, data.n_squad, data.n_hotpot,
+                                    seed=train.seed)
+        provenance = {**provenance, **multi}
+        if family == "icae" and data.n_val:
+            extra["val"], provenance["validation"] = distill_val_records(data.data, data.n_val, seed=train.seed)
     work = Path(work_dir) if work_dir else Path("runs") / f"{family}-train" / out.name
-    comp, report = trainer(texts, qa, work, config, train, resume=resume)
+    comp, report = trainer(texts, qa, work, config, train, resume=resume, **extra)
     trained = report["stage1_steps_done"] + report["stage2_steps_done"] > 0
     path = comp.save_pretrained(out, trained=trained,
                                 training={"data": provenance, **{k: v for k, v in report.items() if k != "log"}})

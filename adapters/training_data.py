@@ -15,6 +15,7 @@ training questions only; a paragraph whose text also belongs to a held-out eval 
 
 from __future__ import annotations
 
+import random
 import re
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from compressor.base import Passage
 
 from .datasets import QAExample, add_distractors, answer_sentence_evidence, corpus_of, load_dataset
 
-__all__ = ["EVAL_HOLDOUT", "sentinel_examples", "sentinel_records", "xrag_records"]
+__all__ = ["EVAL_HOLDOUT", "distill_records", "distill_val_records", "sentinel_examples", "sentinel_records", "xrag_records"]
 
 EVAL_HOLDOUT = {"hotpotqa_a": 100, "nq": 400, "squad": 300}
 
@@ -66,6 +67,96 @@ def sentinel_records(data_dir: str | Path, n_hotpot: int = 200, n_nq: int = 150,
     return [(src, e.question, e.passages) for src, e in pairs], data
 
 
+def _qa_sources(data_dir: str | Path) -> tuple[list[QAExample], list[QAExample], list[QAExample], list[QAExample],
+                                                set[str]]:
+    """NQ (even lines), answerable SQuAD, HotpotQA train_a and train_b, and the texts of every held-out
+    question's passages (never trained on)."""
+    d = Path(data_dir)
+    nq_all = load_dataset("nq", d / "nq_open" / "nq-open-oracle-even.jsonl.gz")
+    sq_all = load_dataset("squad", d / "squad_v2_dev_subset" / "squad_v2_dev_first5articles.json")
+    ha_all = load_dataset("hotpotqa", d / "hotpotqa_train" / "hotpotqa_train_a.jsonl")
+    hb = load_dataset("hotpotqa", d / "hotpotqa_train" / "hotpotqa_train_b.json")
+    held_out = {p.text for e in nq_all[: EVAL_HOLDOUT["nq"]] + sq_all[: EVAL_HOLDOUT["squad"]]
+                + ha_all[: EVAL_HOLDOUT["hotpotqa_a"]] for p in e.passages}
+    return nq_all, sq_all, ha_all, hb, held_out
+
+
+def distill_records(data_dir: str | Path, max_distractors: int = 9, n_nq: int | None = None,
+                    n_squad: int | None = None, n_hotpot: int | None = 200, seed: int = 0) -> tuple[list[Any], dict]:
+    """Multi-passage ``QARecord`` s shaped like the benchmark's contexts, for distillation, and their provenance.
+
+    NQ questions 400+ (gold passage, first answer) and answerable SQuAD questions 300+ (paragraph, shortest
+    answer) each get k BM25 distractors, k drawn uniformly from 0..``max_distractors`` per question, from the
+    passages of training questions only; HotpotQA training questions (train_b, then train_a[100:]) keep their
+    ten paragraphs. Passage order is shuffled (seeded); ``evidence`` marks the gold passage(s), which are all
+    the distillation teacher reads. A question whose gold passage belongs to a held-out question is left out."""
+    from compressor.training import QARecord
+
+    nq_all, sq_all, ha_all, hb, held_out = _qa_sources(data_dir)
+    rng = random.Random(f"{seed}-distill")
+
+    def pool(examples: list[QAExample], want: int | None) -> list[QAExample]:
+        return [e for e in examples if e.answers and e.passages[0].text not in held_out][:want]
+
+    def corpus(examples: list[QAExample]) -> list[Passage]:
+        return [p for p in corpus_of(examples) if p.text not in held_out]
+
+    nq_train = pool(nq_all[EVAL_HOLDOUT["nq"]:], n_nq)
+    sq_train = pool(sq_all[EVAL_HOLDOUT["squad"]:], n_squad)
+    groups = [("nq", add_distractors(nq_train, corpus(nq_all[EVAL_HOLDOUT["nq"]:]), max_distractors, seed)),
+              ("squad", add_distractors(sq_train, corpus(sq_all[EVAL_HOLDOUT["squad"]:]), max_distractors, seed))]
+    hotpot = [e for e in hb + ha_all[EVAL_HOLDOUT["hotpotqa_a"]:] if not {p.text for p in e.passages} & held_out]
+    groups.append(("hotpotqa", hotpot[:n_hotpot]))
+    records, ks = [], {"nq": [], "squad": []}
+    for name, examples in groups:
+        for e in examples:
+            gold = [p for p in e.passages if p.evidence]
+            rest = [p for p in e.passages if not p.evidence]
+            if name != "hotpotqa":
+                ks[name].append(rng.randint(0, min(max_distractors, len(rest))))
+                rest = rest[: ks[name][-1]]
+            ps = gold + rest
+            rng.shuffle(ps)
+            answer = e.answers[0] if name != "squad" else min(e.answers, key=len)
+            records.append(QARecord(e.question, tuple(Passage(text=p.text, title=p.title) for p in ps), answer,
+                                    tuple(e.answers), tuple(i for i, p in enumerate(ps) if p.evidence)))
+    n_h = len(groups[2][1])
+    data = {
+        "stage2": f"{len(records)} multi-passage questions: {len(nq_train)} NQ (nq-open-oracle-even[{EVAL_HOLDOUT['nq']}:], "
+                  f"gold passage + k BM25 distractors, first answer), {len(sq_train)} SQuAD answerable"
+                  f"[{EVAL_HOLDOUT['squad']}:] (paragraph + k distractor paragraphs, shortest answer), k uniform in "
+                  f"0..{max_distractors} (mean NQ {sum(ks['nq']) / max(1, len(ks['nq'])):.2f}, SQuAD "
+                  f"{sum(ks['squad']) / max(1, len(ks['squad'])):.2f}); {n_h} HotpotQA (train_b, train_a"
+                  f"[{EVAL_HOLDOUT['hotpotqa_a']}:]) with their 10 paragraphs; passage order shuffled (seed {seed}); "
+                  "distractors from training questions' passages only",
+        "teacher": "the frozen decoder reading only the gold passage (HotpotQA: the paragraphs holding supporting "
+                   "facts); its answer is the target where it contains a gold answer, else the gold answer",
+        "eval_holdout": "first 400 NQ, first 300 answerable SQuAD, first 100 hotpotqa_train_a questions and their "
+                        "passages never trained on",
+    }
+    return records, data
+
+
+def distill_val_records(data_dir: str | Path, n: int = 50, distractors: int = 9, seed: int = 0) -> tuple[list[Any], str]:
+    """Validation records for the soft families' learning curve: NQ questions 300..300+n (held out from
+    training, not among the benchmark's first 100) with ``distractors`` BM25 passages from the held-out
+    questions 100..399's passages, order shuffled. Never trained on; the benchmark's questions never used."""
+    from compressor.training import QARecord
+
+    nq_all = load_dataset("nq", Path(data_dir) / "nq_open" / "nq-open-oracle-even.jsonl.gz")
+    lo, hi = 300, min(300 + n, EVAL_HOLDOUT["nq"])
+    pool = nq_all[100: EVAL_HOLDOUT["nq"]]
+    rng = random.Random(f"{seed}-val")
+    out = []
+    for e in add_distractors([e for e in nq_all[lo:hi] if e.answers], corpus_of(pool), distractors, seed):
+        ps = list(e.passages)
+        rng.shuffle(ps)
+        out.append(QARecord(e.question, tuple(Passage(text=p.text, title=p.title) for p in ps), e.answers[0],
+                            tuple(e.answers), tuple(i for i, p in enumerate(ps) if p.evidence)))
+    return out, (f"NQ nq-open-oracle-even[{lo}:{hi}] + {distractors} BM25 distractors from questions [100:400]'s "
+                 "passages (held out from training, not benchmark questions)")
+
+
 def xrag_records(data_dir: str | Path, n_stage1: int | None = None, n_nq: int | None = None,
                  n_squad: int | None = None, distractors: int = 0, min_words: int = 20,
                  seed: int = 0) -> tuple[list[str], list[Any], dict]:
@@ -79,13 +170,8 @@ def xrag_records(data_dir: str | Path, n_stage1: int | None = None, n_nq: int | 
     retrieval gives at eval time."""
     from compressor.xrag.train import QARecord
 
+    nq_all, sq_all, ha_all, hb, held_out = _qa_sources(data_dir)
     d = Path(data_dir)
-    nq_all = load_dataset("nq", d / "nq_open" / "nq-open-oracle-even.jsonl.gz")
-    sq_all = load_dataset("squad", d / "squad_v2_dev_subset" / "squad_v2_dev_first5articles.json")
-    ha_all = load_dataset("hotpotqa", d / "hotpotqa_train" / "hotpotqa_train_a.jsonl")
-    hb = load_dataset("hotpotqa", d / "hotpotqa_train" / "hotpotqa_train_b.json")
-    held_out = {p.text for e in nq_all[: EVAL_HOLDOUT["nq"]] + sq_all[: EVAL_HOLDOUT["squad"]]
-                + ha_all[: EVAL_HOLDOUT["hotpotqa_a"]] for p in e.passages}
     nq, sq = nq_all[EVAL_HOLDOUT["nq"]:], sq_all[EVAL_HOLDOUT["squad"]:]
 
     abstracts = []

@@ -29,6 +29,7 @@ __all__ = [
     "CompressedPassage",
     "CompressedContext",
     "Compressor",
+    "DecoderAdapter",
     "IndexReport",
     "TokenCounter",
     "coerce_passages",
@@ -264,6 +265,17 @@ def _check_query(query: Any) -> str:
     return query
 
 
+@dataclass(frozen=True)
+class DecoderAdapter:
+    """A decoder-side LoRA adapter a soft method was trained with: ``name`` (artifact id, for logs and
+    caching), ``lora`` (``peft.LoraConfig`` keyword arguments), ``tensors`` (its peft state dict, fp32) and
+    tensors were trained on the compressor's base model, which is the decoder it is built for."""
+
+    name: str
+    lora: dict[str, Any]
+    tensors: dict[str, Any]
+
+
 class Compressor(ABC):
     """Base class of every compressor family.
 
@@ -349,6 +361,11 @@ class Compressor(ABC):
     def attach_index(self, index: Any) -> None:
         """Read per-document vectors from a retrieval index built ahead of time (:class:`~compressor.retrieval.
         DocumentIndex`), as xRAG does; a method that reads none has nothing to attach."""
+        return None
+
+    def decoder_adapter(self) -> DecoderAdapter | None:
+        """The LoRA adapter the decoder must apply to read this method's output (PISCO / COCOM-style soft
+        compressors trained with a decoder adapter), or None: the plain decoder reads it."""
         return None
 
     def run_stats(self) -> dict[str, Any]:

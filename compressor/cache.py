@@ -33,6 +33,14 @@ class TensorCache:
 
     def get(self, text: str) -> Any:
         """The stored tensor (float32, CPU), or None."""
+        found = self.get_tensors(text)
+        return None if found is None else found[self.tensor_name]
+
+    def put(self, text: str, value: Any) -> Path:
+        return self.put_tensors(text, {self.tensor_name: value.detach().float()})
+
+    def get_tensors(self, text: str) -> dict[str, Any] | None:
+        """Every tensor stored under ``text`` (CPU, dtypes as written), or None."""
         from safetensors.torch import load_file
 
         p = self.path(text)
@@ -40,9 +48,10 @@ class TensorCache:
             self.misses += 1
             return None
         self.hits += 1
-        return load_file(str(p))[self.tensor_name]
+        return load_file(str(p))
 
-    def put(self, text: str, value: Any) -> Path:
+    def put_tensors(self, text: str, values: dict[str, Any]) -> Path:
+        """Store several named tensors under ``text`` in one file (atomically)."""
         from safetensors.torch import save_file
 
         p = self.path(text)
@@ -50,7 +59,7 @@ class TensorCache:
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".tmp-", suffix=".safetensors")
         os.close(fd)
         try:
-            save_file({self.tensor_name: value.detach().float().contiguous().cpu()}, tmp)
+            save_file({k: v.detach().contiguous().cpu() for k, v in values.items()}, tmp)
             os.replace(tmp, p)
         finally:
             if os.path.exists(tmp):

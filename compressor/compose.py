@@ -20,7 +20,7 @@ from typing import Any
 from . import icae as _icae  # noqa: F401  (the families composed here register first)
 from . import registry
 from . import sentinel as _sentinel  # noqa: F401
-from .base import Budget, Compressor, Kept, Passage, TokenCounter
+from .base import Budget, Compressor, DecoderAdapter, Kept, Passage, TokenCounter
 from .errors import ConfigError
 from .registry import CompressorSpec, get_spec, register_compressor
 
@@ -72,6 +72,9 @@ class ComposedCompressor(Compressor):
 
     def run_stats(self) -> dict[str, Any]:
         return {**self.first.run_stats(), **self.second.run_stats()}
+
+    def decoder_adapter(self) -> DecoderAdapter | None:
+        return self.second.decoder_adapter()
 
 
 def register_composition(first: str, second: str, description: str | None = None) -> CompressorSpec:

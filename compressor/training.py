@@ -41,11 +41,21 @@ class Seq:
 
 @dataclass(frozen=True)
 class QARecord:
-    """A QA record: a question, the passages (in order) and one gold answer."""
+    """A QA record: a question, the passages (in order) and one gold answer. ``answers``: every gold answer
+    (for judging a teacher's answer); ``evidence``: indices of the passages that hold the answer (the
+    distillation teacher reads only those; empty: all)."""
 
     question: str
     passages: tuple[Passage, ...]
     answer: str
+    answers: tuple[str, ...] = ()
+    evidence: tuple[int, ...] = ()
+
+    def evidence_only(self) -> QARecord:
+        """The same question with only its evidence passages (all of them when none is marked)."""
+        if not self.evidence:
+            return self
+        return QARecord(self.question, tuple(self.passages[i] for i in self.evidence), self.answer, self.answers)
 
 
 def answer_ids(builder: PromptBuilder, answer: str, max_tokens: int) -> list[int]:
@@ -59,9 +69,10 @@ def answer_ids(builder: PromptBuilder, answer: str, max_tokens: int) -> list[int
 
 
 def qa_layouts(builder: PromptBuilder, record: QARecord, rows_per_passage: Sequence[int], hidden: int,
-               placeholder: int, max_answer_tokens: int) -> tuple[Seq, Seq]:
+               placeholder: int, max_answer_tokens: int, target: Sequence[int] | None = None) -> tuple[Seq, Seq]:
     """(student: the evaluation prompt with ``rows_per_passage[i]`` soft rows for passage i; teacher: the same
-    prompt with the passages as text). Both end in the same answer tokens."""
+    prompt with the passages as text). Both end in the same answer tokens: ``target`` when given, else the
+    gold answer's (:func:`answer_ids`)."""
     soft = CompressedContext(
         method="soft", kind="soft", query=record.question, n_input_passages=len(record.passages), tokens_in=0,
         tokens_out=sum(rows_per_passage),
@@ -80,7 +91,7 @@ def qa_layouts(builder: PromptBuilder, record: QARecord, rows_per_passage: Seque
         tokens_out=0, passages=[CompressedPassage(index=i, title=p.title, text=p.text)
                                 for i, p in enumerate(record.passages)])
     t_ids = builder.build(text).token_ids
-    ans = answer_ids(builder, record.answer, max_answer_tokens)
+    ans = list(target) if target is not None else answer_ids(builder, record.answer, max_answer_tokens)
     return (Seq(ids + ans, rows, len(ids), len(ans), [p.text for p in record.passages]),
             Seq(t_ids + ans, [], len(t_ids), len(ans)))
 
@@ -206,10 +217,10 @@ class StagedRun:
     def run(self, params: list[torch.nn.Parameter],
             step_fn: Callable[[int, int], tuple[torch.Tensor, dict[str, Any]]],
             tensors: Callable[[], dict[str, Any]], state: dict[str, Any], progress: bool = True,
-            desc: str = "train") -> dict[str, Any]:
+            desc: str = "train", on_checkpoint: Callable[[int], None] | None = None) -> dict[str, Any]:
         """Run the remaining steps. ``step_fn(stage, i)`` (``i`` counts within the stage) returns the loss and
         extra log fields; ``tensors()`` the trainable tensors (numpy) to checkpoint; ``state`` extra JSON to
-        store with them. Returns the report: steps done per stage, first/last loss, median seconds a step."""
+        store with them; ``on_checkpoint(step)`` runs after each checkpoint (validation). Returns the report: steps done per stage, first/last loss, median seconds a step."""
         from tqdm.auto import tqdm
 
         tr = self.train
@@ -252,6 +263,8 @@ class StagedRun:
                 save_checkpoint(self.ckpt, self.kind, 1, tensors(), opt, self._state,
                                 f"{self.kind} (resume with `{self.command} --resume`)\n")
                 self._t = None
+                if on_checkpoint is not None:
+                    on_checkpoint(self.step)
         bar.close()
         report: dict[str, Any] = {"stage1_steps_done": min(self.step, tr.stage1_steps),
                                   "stage2_steps_done": max(0, self.step - tr.stage1_steps),

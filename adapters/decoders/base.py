@@ -18,6 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from compressor.base import Compressor, DecoderAdapter
+from compressor.errors import ConfigError
 from compressor.prompt import Prompt, PromptBuilder, PromptTemplate
 
 __all__ = ["GenerationParams", "Generation", "DecoderBackend"]
@@ -55,6 +57,12 @@ class DecoderBackend(ABC):
     def hidden_size(self) -> int | None:
         return None
 
+    def with_adapter(self, adapter: DecoderAdapter) -> DecoderBackend:
+        """This decoder with a soft method's decoder LoRA applied (a new backend; this one is unchanged).
+        Backends that cannot apply one say so."""
+        raise ConfigError(f"the {type(self).__name__} decoder cannot apply the decoder LoRA adapter {adapter.name} "
+                          "that this method was trained with; use the transformers backend (HFBackend) for it")
+
     @abstractmethod
     def generate(self, prompts: Sequence[Prompt], params: GenerationParams | None = None) -> list[Generation]:
         """Generate one continuation per prompt."""
@@ -69,6 +77,13 @@ class DecoderBackend(ABC):
         if on_delta is not None and g.text:
             on_delta(g.text)
         return g
+
+
+def backend_for(backend: DecoderBackend, compressor: Compressor) -> DecoderBackend:
+    """The decoder that reads ``compressor``'s output: ``backend`` itself, or a copy with the decoder LoRA the
+    method was trained with (PISCO-style soft compressors)."""
+    adapter = compressor.decoder_adapter()
+    return backend if adapter is None else backend.with_adapter(adapter)
 
 
 def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:

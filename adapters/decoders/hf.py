@@ -7,7 +7,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from compressor.errors import InputError
+from compressor.base import DecoderAdapter
+from compressor.errors import ArtifactError, InputError
 from compressor.prompt import Prompt, embed_prompt
 
 from .base import DecoderBackend, Generation, GenerationParams, _cut_at_stop, _stream_safe_len
@@ -36,6 +37,22 @@ class HFBackend(DecoderBackend):
 
         model, tok = load_causal_lm(name_or_path, dtype=dtype, device=device)
         return cls(model, tok, model_name=str(name_or_path))
+
+    def with_adapter(self, adapter: DecoderAdapter) -> HFBackend:
+        """A copy of this decoder with ``adapter``'s LoRA injected, unmerged (the numerics it was trained with:
+        base weights as loaded, LoRA in fp32)."""
+        import copy
+
+        import torch
+        from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+
+        peft_model = get_peft_model(copy.deepcopy(self.model), LoraConfig(**adapter.lora))
+        res = set_peft_model_state_dict(peft_model, {k: torch.as_tensor(v) for k, v in adapter.tensors.items()})
+        if getattr(res, "unexpected_keys", None):
+            raise ArtifactError(f"decoder adapter {adapter.name} does not fit {self.model_name}: unexpected "
+                                f"{res.unexpected_keys[:3]}")
+        peft_model.eval()
+        return HFBackend(peft_model.base_model.model, self.tokenizer, model_name=f"{self.model_name}+{adapter.name}")
 
     @property
     def hidden_size(self) -> int:

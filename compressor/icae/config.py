@@ -36,6 +36,10 @@ class ICAEConfig(BaseModel):
     lora_r: int = Field(default=16, ge=1, le=1024, description="LoRA rank of the encoder adapter.")
     lora_alpha: float = Field(default=32.0, gt=0.0, le=4096.0, description="LoRA alpha (scale = alpha / r).")
     lora_targets: str = Field(default="all-linear", description="peft target_modules: 'all-linear' or a comma list.")
+    decoder_lora_r: int = Field(
+        default=0, ge=0, le=1024,
+        description="Rank of a second LoRA adapter on the decoder side (PISCO / COCOM), same targets, alpha 2r; "
+                    "0: the decoder is the frozen base model. With one, a backend must apply it to read the slots.")
     encode_batch_size: int = Field(default=16, ge=1, le=4096, description="Segments encoded per forward pass.")
     cache_dir: str | None = Field(default=None,
                                   description="Slot cache folder (compressed passages reused across calls); None: off.")
@@ -72,7 +76,8 @@ class ICAETrainConfig(StagedTrainConfig):
     length grows from ``curriculum_start_tokens`` to ``segment_tokens`` over the first ``curriculum_fraction``
     of the stage (short segments first: cheap steps that teach the slots to carry tokens).
     Stage 2 (QA): the evaluation prompt with the passages' slots spliced in -> answer; NLL + ``kl_weight`` x
-    KL to the same frozen decoder reading the passages as text."""
+    KL to the same frozen decoder reading the passages as text (``stage2_targets="text"``), or to the frozen
+    decoder reading only the evidence passages (``"distill"``, :mod:`compressor.distill`)."""
 
     stage1_steps: int = Field(default=1400, ge=0, le=10_000_000, description="Pretraining steps (AE + LM).")
     stage2_steps: int = Field(default=200, ge=0, le=10_000_000, description="QA fine-tuning steps.")
@@ -86,6 +91,18 @@ class ICAETrainConfig(StagedTrainConfig):
     curriculum_fraction: float = Field(default=0.3, ge=0.0, le=1.0,
                                        description="Stage 1: share of steps over which segments grow to full length.")
     kl_weight: float = Field(default=1.0, ge=0.0, le=100.0, description="Stage 2: weight of the KL to the text teacher.")
+    stage2_targets: Literal["text", "distill"] = Field(
+        default="text",
+        description="Stage 2 targets. text: the gold answer, KL to the decoder reading the same passages as text. "
+                    "distill: the frozen decoder reading only the evidence passages answers once (cached); its "
+                    "answer and top-K distribution are the targets where it contains a gold answer, else the gold "
+                    "answer (PISCO-style sequence-level distillation).")
+    distill_top_k: int = Field(default=32, ge=1, le=4096, description="distill: teacher tokens kept per position.")
+    train_encoder: bool = Field(default=True, description="Stage 2: train the encoder (LoRA, memory rows, slot_proj). "
+                                "Off: the encoder stays as initialised (init_from) and its slots are computed once "
+                                "per passage without gradients; only the decoder adapter learns (needs decoder_lora_r).")
+    init_from: str | None = Field(default=None, description="Start from this trained icae artifact's weights (a "
+                                  "folder, or 'shipped'); memory rows and slot_proj come with it (no calibration).")
     precision: Literal["bf16", "fp32"] = Field(
         default="bf16", description="Base weights in bf16 (as served; LoRA, memory rows and losses stay fp32) or fp32.")
     seed: int = Field(default=0, description="Seed of data order, task choice and memory-row init.")

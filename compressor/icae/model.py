@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,7 @@ from torch import nn
 
 from .._version import __version__
 from ..artifacts import read_artifact, resolve_base_model, write_artifact
-from ..base import Budget, CompressedPassage, Compressor, Kept, Passage, TokenCounter
+from ..base import Budget, CompressedPassage, Compressor, DecoderAdapter, Kept, Passage, TokenCounter
 from ..cache import TensorCache
 from ..errors import ArtifactError, ConfigError
 from .config import FORMAT_VERSION, SHIPPED_ARTIFACT, ICAEConfig
@@ -43,16 +45,25 @@ from .config import FORMAT_VERSION, SHIPPED_ARTIFACT, ICAEConfig
 __all__ = ["ICAEEncoder", "ICAECompressor", "SlotCache", "load_icae"]
 
 _ROW_KEYS = ("memory", "ae_row", "lm_row", "slot_proj.weight", "slot_proj.bias")
+_DEC = "decoder_lora."
 
 
-def _lora_config(config: ICAEConfig) -> Any:
-    from peft import LoraConfig
-
+def decoder_lora_kwargs(config: ICAEConfig) -> dict[str, Any]:
+    """``peft.LoraConfig`` keyword arguments of the decoder-side adapter (``decoder_lora_r`` > 0)."""
     targets: Any = config.lora_targets
     if targets != "all-linear":
         targets = [t.strip() for t in targets.split(",") if t.strip()]
-    return LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0, target_modules=targets,
-                      bias="none", task_type="CAUSAL_LM")
+    return {"r": config.decoder_lora_r, "lora_alpha": 2.0 * config.decoder_lora_r, "lora_dropout": 0.0,
+            "target_modules": targets, "bias": "none", "task_type": "CAUSAL_LM"}
+
+
+def _lora_config(config: ICAEConfig, decoder: bool = False) -> Any:
+    from peft import LoraConfig
+
+    kw = decoder_lora_kwargs(config)
+    if not decoder:
+        kw.update(r=config.lora_r, lora_alpha=config.lora_alpha)
+    return LoraConfig(**kw)
 
 
 class ICAEEncoder(nn.Module):
@@ -67,6 +78,11 @@ class ICAEEncoder(nn.Module):
         model.requires_grad_(False)
         self.config = config
         self.peft = get_peft_model(model, _lora_config(config))
+        self.has_decoder_adapter = config.decoder_lora_r > 0
+        if self.has_decoder_adapter:  # PISCO / COCOM: a second adapter, active only while decoding
+            self.peft.add_adapter("decoder", _lora_config(config, decoder=True))
+            self.peft.set_adapter("default")
+        self._grad_parts = {"encoder": True, "decoder": True}
         emb = self.lm.get_input_embeddings()
         vocab, hidden = emb.weight.shape
         self.hidden = int(hidden)
@@ -88,9 +104,46 @@ class ICAEEncoder(nn.Module):
         """The HF causal LM with LoRA layers injected (adapter state decides encoder vs decoder)."""
         return self.peft.base_model.model
 
-    def decoder(self) -> Any:
-        """Context manager: inside it ``self.lm`` is the frozen base decoder."""
-        return self.peft.disable_adapter()
+    @contextmanager
+    def decoder(self) -> Iterator[None]:
+        """Context manager: inside it ``self.lm`` is the decoder that reads slots: the frozen base model, or
+        the base with the decoder adapter when there is one."""
+        if not self.has_decoder_adapter:
+            with self.base():
+                yield
+            return
+        self.peft.set_adapter("decoder")
+        self._restore_grad()
+        try:
+            yield
+        finally:
+            self.peft.set_adapter("default")
+            self._restore_grad()
+
+    @contextmanager
+    def base(self) -> Iterator[None]:
+        """Context manager: inside it ``self.lm`` is the frozen base model (every adapter off): the
+        distillation teacher reading text."""
+        try:
+            with self.peft.disable_adapter():
+                yield
+        finally:
+            self._restore_grad()
+
+    def set_trainable(self, encoder: bool, decoder: bool) -> None:
+        """Which parts learn: the encoder (its LoRA, the memory and special rows, ``slot_proj``) and the
+        decoder adapter. peft flips ``requires_grad`` when adapters switch; this choice is re-applied after
+        every switch, so gradients reach both adapters of one step."""
+        self._grad_parts = {"encoder": encoder, "decoder": decoder and self.has_decoder_adapter}
+        self._restore_grad()
+
+    def _restore_grad(self) -> None:
+        for name, p in self.named_parameters():
+            if ".lora_" in name:
+                p.requires_grad_(self._grad_parts["decoder" if ".decoder." in name or name.endswith(".decoder")
+                                                  else "encoder"])
+            elif not name.startswith("peft."):
+                p.requires_grad_(self._grad_parts["encoder"])
 
     def encode(self, segments: list[list[int]], prefixes: list[torch.Tensor | None] | None = None) -> list[torch.Tensor]:
         """Slots ``[slots_for(len(seg)), hidden]`` (fp32) of each token segment, in one left-padded batch.
@@ -156,42 +209,60 @@ class ICAEEncoder(nn.Module):
         emb = self.lm.get_input_embeddings()
         ids = torch.tensor([t for ids in token_lists for t in ids], dtype=torch.long, device=emb.weight.device)
         e = emb(ids).float()
-        with self.decoder():  # the base model's own hidden states (LoRA B is zero at init anyway)
+        with self.base():  # the base model's own hidden states (LoRA B is zero at init anyway)
             h = torch.cat(self.encode_passages(token_lists), 0)
         scale = e.std(0) / h.std(0).clamp(min=1e-6)
         self.slot_proj.weight.copy_(torch.diag(scale))
         self.slot_proj.bias.copy_(e.mean(0) - scale * h.mean(0))
         return float(h.norm(dim=-1).mean())
 
-    def trainable_tensors(self) -> dict[str, torch.Tensor]:
-        """Everything training changes, fp32 and contiguous: ``lora.<peft key>`` and the rows."""
+    def trainable_tensors(self, parts: tuple[str, ...] = ("encoder", "decoder")) -> dict[str, torch.Tensor]:
+        """Everything training changes, fp32 and contiguous: ``lora.<peft key>`` and the rows (``encoder``),
+        ``decoder_lora.<peft key>`` (``decoder``, when there is a decoder adapter)."""
         from peft import get_peft_model_state_dict
 
-        out = {f"lora.{k}": v.detach().float().contiguous().cpu()
-               for k, v in get_peft_model_state_dict(self.peft).items()}
-        for k in _ROW_KEYS:
-            out[k] = self.get_parameter(k).detach().float().contiguous().cpu()
+        out: dict[str, torch.Tensor] = {}
+        if "encoder" in parts:
+            out.update({f"lora.{k}": v.detach().float().contiguous().cpu()
+                        for k, v in get_peft_model_state_dict(self.peft).items()})
+            for k in _ROW_KEYS:
+                out[k] = self.get_parameter(k).detach().float().contiguous().cpu()
+        if "decoder" in parts and self.has_decoder_adapter:
+            out.update({f"{_DEC}{k}": v.detach().float().contiguous().cpu()
+                        for k, v in get_peft_model_state_dict(self.peft, adapter_name="decoder").items()})
         return out
 
-    def load_trainable(self, tensors: dict[str, Any]) -> None:
-        """Inverse of :meth:`trainable_tensors` (numpy arrays or tensors); every key must be present."""
+    def load_trainable(self, tensors: dict[str, Any], parts: tuple[str, ...] = ("encoder", "decoder")) -> None:
+        """Inverse of :meth:`trainable_tensors` (numpy arrays or tensors); every key of ``parts`` must be
+        present and no other."""
         from peft import set_peft_model_state_dict
 
         t = {k: torch.as_tensor(v.copy() if hasattr(v, "copy") else v) for k, v in tensors.items()}
-        lora = {k[5:]: v for k, v in t.items() if k.startswith("lora.")}
-        want = set(self.trainable_tensors())
+        want = set(self.trainable_tensors(parts))
         if set(t) != want:
-            raise ArtifactError(f"encoder tensors differ from this LoRA shape: missing {sorted(want - set(t))[:3]}, "
+            raise ArtifactError(f"icae tensors differ from this LoRA shape (decoder_lora_r="
+                                f"{self.config.decoder_lora_r}): missing {sorted(want - set(t))[:3]}, "
                                 f"unexpected {sorted(set(t) - want)[:3]}")
-        res = set_peft_model_state_dict(self.peft, lora)
-        if getattr(res, "unexpected_keys", None):
-            raise ArtifactError(f"LoRA tensors do not fit the base model: {res.unexpected_keys[:3]}")
+        for prefix, adapter in (("lora.", "default"), (_DEC, "decoder")):
+            lora = {k[len(prefix):]: v for k, v in t.items() if k.startswith(prefix)}
+            if not lora:
+                continue
+            res = set_peft_model_state_dict(self.peft, lora, adapter_name=adapter)
+            if getattr(res, "unexpected_keys", None):
+                raise ArtifactError(f"LoRA tensors do not fit the base model: {res.unexpected_keys[:3]}")
         with torch.no_grad():
-            for k in _ROW_KEYS:
+            for k in _ROW_KEYS if "encoder" in parts else ():
                 p = self.get_parameter(k)
                 if tuple(t[k].shape) != tuple(p.shape):
                     raise ArtifactError(f"{k} has shape {tuple(t[k].shape)}, expected {tuple(p.shape)}")
                 p.copy_(t[k])
+
+    def decoder_lora(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]] | None:
+        """The decoder adapter as (``peft.LoraConfig`` kwargs, peft state dict), or None without one."""
+        if not self.has_decoder_adapter:
+            return None
+        t = self.trainable_tensors(("decoder",))
+        return decoder_lora_kwargs(self.config), {k[len(_DEC):]: v for k, v in t.items()}
 
 
 class SlotCache(TensorCache):
@@ -252,6 +323,14 @@ class ICAECompressor(Compressor):
         for i in range(0, len(passages), step):
             self.passage_slots([p.text for p in passages[i:i + step]])
         return self.encoded_passages - before, self.cache.hits - hits
+
+    def decoder_adapter(self) -> DecoderAdapter | None:
+        """The decoder LoRA this encoder was trained with (``decoder_lora_r`` > 0), or None: the frozen base
+        reads the slots."""
+        found = self.encoder.decoder_lora()
+        if found is None:
+            return None
+        return DecoderAdapter(name=f"icae-{self.artifact_id[:12]}", lora=found[0], tensors=found[1])
 
     def run_stats(self) -> dict[str, Any]:
         return {"trained": self.trained, "encoded_passages": self.encoded_passages,
@@ -390,6 +469,9 @@ def _card(cfg: dict[str, Any], tensors: dict[str, Any]) -> str:
         "off is the decoder.",
         "",
         f"Base = decoder: `{cfg['base']['id']}` (sha256 `{cfg['base']['sha256']}`), hidden {cfg['base']['hidden_size']}.",
+        ("Decoder: the base with its own LoRA adapter (r=" + str(c["decoder_lora_r"]) + ", trained with the encoder's "
+         "slots; every backend that reads these slots applies it)." if c.get("decoder_lora_r") else
+         "Decoder: the frozen base model."),
         f"LoRA r={c['lora_r']} alpha={c['lora_alpha']} on {c['lora_targets']}; accumulate={c['accumulate']}; "
         f"{n:,} trained parameters.",
         f"Trained: {'yes' if cfg['trained'] else 'no: random memory rows, zero LoRA, for use as a labelled control only'}.",

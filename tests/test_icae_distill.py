@@ -1,0 +1,161 @@
+"""ICAE v2 (#22): distillation targets (teacher reads the evidence only, cached once), the decoder LoRA
+(PISCO / COCOM), a frozen-encoder run, the validation curve, and decoders that apply the adapter. Tiny Llama
+models from config with fixed seeds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import interrupted
+
+from adapters.decoders import FakeBackend, HFBackend, backend_for
+from compressor import ConfigError, Passage, PromptBuilder
+from compressor.distill import teacher_targets
+from compressor.icae import ICAECompressor, ICAEConfig, ICAETrainConfig
+from compressor.icae.train import train_icae
+from compressor.models import load_causal_lm
+from compressor.prompt import embed_prompt
+from compressor.training import QARecord
+
+GOLD = Passage(text="Paris is the capital and most populous city of France.", title="Paris")
+NOISE = [Passage(text="The mitochondrion is the powerhouse of the cell, producing ATP.", title="Cell"),
+         Passage(text="Mount Everest is Earth's highest mountain above sea level.", title="Everest")]
+QA = [QARecord("What is the capital of France?", (NOISE[0], GOLD, NOISE[1]), "Paris", ("Paris",), (1,)),
+      QARecord("What is the highest mountain?", (NOISE[1], GOLD), "Everest", ("Mount Everest", "Everest"), (0,)),
+      QARecord("What produces ATP?", (NOISE[0],), "the mitochondrion", ("mitochondrion",), ())]
+TEXTS = [" ".join([p.text] * 3) for p in (GOLD, *NOISE)]
+
+
+def _cfg(base, **kw):
+    return ICAEConfig(base=str(base), segment_tokens=16, lora_r=4, **kw)
+
+
+def _train(base, work, steps=(2, 3), resume=False, config=None, val=(), **kw):
+    tc = ICAETrainConfig(stage1_steps=steps[0], stage2_steps=steps[1], batch_size=2, checkpoint_every=1,
+                         precision="fp32", curriculum_start_tokens=8, stage2_targets="distill", distill_top_k=8,
+                         **kw)
+    score = (lambda text, r: {"accuracy": float(any(a.lower() in text.lower() for a in r.answers))}) if val else None
+    return train_icae(TEXTS, QA, work, config or _cfg(base, decoder_lora_r=4), tc, resume=resume, progress=False,
+                      log=lambda s: None, val=val, score=score)
+
+
+def test_teacher_reads_the_evidence_only_and_its_targets_are_cached(tiny_model_dir, tmp_path):
+    assert QA[0].evidence_only().passages == (GOLD,) and QA[2].evidence_only() is QA[2]
+    model, tok = load_causal_lm(tiny_model_dir, dtype="float32")
+    builder = PromptBuilder(tok)
+    seen = []
+    real = model.forward
+
+    def spy(*a, **kw):
+        if kw.get("input_ids") is not None and kw["input_ids"].shape[1] > 1:
+            seen.extend(tok.decode(row) for row in kw["input_ids"])
+        return real(*a, **kw)
+
+    model.forward = spy
+    first, counts = teacher_targets(model, builder, QA, 6, 8, tmp_path / "t", "ns", progress=False,
+                                    log=lambda s: None, batch_size=2)
+    assert counts["cached"] == 0 and len(first) == 3
+    assert not any("mitochondrion" in s for s in seen[:1]) and "Paris is the capital" in seen[0]
+    for t in first:  # a tiny random model never stops: every target falls back to the gold answer
+        assert t.source == "gold" and t.topk_logp is None
+    seen.clear()
+    again, counts = teacher_targets(model, builder, QA, 6, 8, tmp_path / "t", "ns", progress=False, log=lambda s: None)
+    assert counts["cached"] == 3 and not seen  # nothing generated: every target read from the cache
+    assert [t.ids for t in again] == [t.ids for t in first]
+    _, other = teacher_targets(model, builder, QA, 6, 8, tmp_path / "t", "other-base", progress=False,
+                               log=lambda s: None)
+    assert other["cached"] == 0  # another namespace (base model, prompt style) never reuses them
+    # a teacher that stops and is accepted becomes the target, with its distribution
+    stop = next(iter(__import__("compressor.distill", fromlist=["stop_ids"]).stop_ids(builder)))
+
+    def answers_at_once(*a, **kw):  # the tiny model now ends its answer at once
+        out = real(*a, **kw)
+        out.logits[..., stop] = 1e4
+        return out
+
+    model.forward = answers_at_once
+    taught, counts = teacher_targets(model, builder, QA, 6, 8, None, "ns", accept=lambda text, r: True,
+                                     progress=False, log=lambda s: None)
+    assert counts["teacher"] == 3 and all(t.source == "teacher" and t.topk_logp.shape == (1, 8) for t in taught)
+
+
+def test_decoder_adapter_learns_with_the_encoder_and_resumes_exactly(tiny_model_dir, tmp_path, monkeypatch):
+    full, report = _train(tiny_model_dir, tmp_path / "a")
+    t = full.encoder.trainable_tensors()
+    assert any(k.startswith("decoder_lora.") for k in t) and any(k.startswith("lora.") for k in t)
+    # both adapters moved in the same steps (peft flips requires_grad when adapters switch)
+    assert all(t[k].abs().sum() > 0 for k in t if "lora_B" in k)
+    assert report["distill_targets"]["gold"] == 3
+
+    interrupted(monkeypatch, 4, lambda: _train(tiny_model_dir, tmp_path / "b"))  # stops in stage 2
+    resumed, _ = _train(tiny_model_dir, tmp_path / "b", resume=True)
+    got = resumed.encoder.trainable_tensors()
+    assert set(got) == set(t)
+    for k in t:
+        assert torch.allclose(t[k], got[k], atol=1e-5), k
+
+
+def test_frozen_encoder_run_trains_the_decoder_adapter_only(tiny_model_dir, tmp_path, counter, monkeypatch):
+    start, _ = _train(tiny_model_dir, tmp_path / "s", steps=(2, 0), config=_cfg(tiny_model_dir))
+    init = start.save_pretrained(tmp_path / "init", trained=True)
+    with pytest.raises(ConfigError, match="decoder_lora_r"):
+        _train(tiny_model_dir, tmp_path / "x", steps=(0, 2), config=_cfg(tiny_model_dir), train_encoder=False,
+               init_from=str(init))
+    with pytest.raises(ConfigError, match="init_from"):
+        _train(tiny_model_dir, tmp_path / "y", steps=(0, 2), train_encoder=False)
+    val = QA[:2]
+    comp, report = _train(tiny_model_dir, tmp_path / "f", steps=(0, 3), train_encoder=False, init_from=str(init),
+                          val=val)
+    before, after = start.encoder.trainable_tensors(), comp.encoder.trainable_tensors()
+    for k in before:  # the encoder is exactly init_from's
+        assert torch.equal(before[k], after[k]), k
+    assert any(after[k].abs().sum() > 0 for k in after if k.startswith("decoder_lora.") and "lora_B" in k)
+    ckpt = json.loads((tmp_path / "f" / "checkpoint" / "compressor_config.json").read_text())
+    assert ckpt["step"] == 3
+    from compressor.artifacts import read_artifact
+
+    _, saved = read_artifact(tmp_path / "f" / "checkpoint", "icae-checkpoint", 1)
+    assert saved and all(k.startswith(("decoder_lora.", "opt.")) for k in saved)  # small: no encoder copy
+    curve = [json.loads(x) for x in (tmp_path / "f" / "val_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in curve] == [0, 1, 2, 3] and all(r["n"] == 2 and 0 <= r["accuracy"] <= 1 for r in curve)
+    assert report["validation"] == curve
+
+    interrupted(monkeypatch, 2, lambda: _train(tiny_model_dir, tmp_path / "g", steps=(0, 3), train_encoder=False,
+                                               init_from=str(init)))
+    resumed, _ = _train(tiny_model_dir, tmp_path / "g", steps=(0, 3), train_encoder=False, init_from=str(init),
+                        resume=True)
+    for k, v in resumed.encoder.trainable_tensors().items():
+        assert torch.allclose(v, after[k], atol=1e-5), k
+
+
+def test_decoders_read_the_slots_through_the_adapter(tiny_model_dir, tmp_path, counter, smol_tokenizer):
+    trained, _ = _train(tiny_model_dir, tmp_path / "a", stage2_lr=5e-2)
+    path = trained.save_pretrained(tmp_path / "art", trained=True)
+    cfg = json.loads((path / "compressor_config.json").read_text())
+    assert cfg["config"]["decoder_lora_r"] == 4 and "own LoRA adapter (r=4" in (path / "README.md").read_text()
+    comp = ICAECompressor.from_pretrained(path, counter, base=str(tiny_model_dir), dtype="float32")
+    adapter = comp.decoder_adapter()
+    assert adapter is not None and adapter.lora["r"] == 4
+    for k, v in trained.encoder.decoder_lora()[1].items():
+        assert torch.equal(v, adapter.tensors[k]), k
+
+    base = HFBackend.load(str(tiny_model_dir), dtype="float32")
+    reader = backend_for(base, comp)
+    assert reader is not base and reader.model_name.endswith(adapter.name)
+    prompt = base.prompt_builder().build(comp.compress("What is the capital of France?", [GOLD, *NOISE]))
+    with torch.no_grad():
+        want = comp.encoder.lm
+        with comp.encoder.decoder():
+            w = want(inputs_embeds=embed_prompt(want, prompt)[None]).logits[0, -1]
+        got = reader.model(inputs_embeds=embed_prompt(reader.model, prompt)[None]).logits[0, -1]
+        plain = base.model(inputs_embeds=embed_prompt(base.model, prompt)[None]).logits[0, -1]
+    assert torch.allclose(w, got, atol=1e-4)  # the backend decodes exactly as training did
+    assert not torch.allclose(w, plain, atol=1e-3)  # and the adapter matters
+    assert reader.generate([prompt])[0].token_ids  # generation runs through the adapter
+    with pytest.raises(ConfigError, match="cannot apply the decoder LoRA adapter"):
+        backend_for(FakeBackend(smol_tokenizer), comp)
+    frozen = ICAECompressor(counter, trained.encoder.__class__(load_causal_lm(tiny_model_dir, dtype="float32")[0],
+                                                               _cfg(tiny_model_dir)), smol_tokenizer)
+    assert frozen.decoder_adapter() is None and backend_for(base, frozen) is base
