@@ -229,7 +229,16 @@ class StagedRun:
         history: dict[int, list[float]] = {1: [], 2: []}
         secs: dict[int, list[float]] = {1: [], 2: []}
         bar = tqdm(total=tr.total_steps, initial=self.step, desc=desc, disable=not progress)
+        deadline = None if tr.max_hours is None else time.monotonic() + tr.max_hours * 3600
+        saved = self.step
         while self.step < tr.total_steps:
+            if deadline is not None and time.monotonic() >= deadline:
+                if self.step != saved and opt is not None:  # end the chunk on a checkpoint
+                    self._state = {"step": self.step, "stage": opt_stage, "identity": self.identity, **state}
+                    save_checkpoint(self.ckpt, self.kind, 1, tensors(), opt, self._state,
+                                    f"{self.kind} (resume with `{self.command} --resume`)\n")
+                self.log(f"max_hours reached at step {self.step} of {tr.total_steps}: resume with --resume")
+                break
             stage = 1 if self.step < tr.stage1_steps else 2
             i = self.step if stage == 1 else self.step - tr.stage1_steps
             if opt_stage != stage:  # a fresh AdamW per stage, restored from the checkpoint when resuming into it
@@ -263,12 +272,18 @@ class StagedRun:
                 save_checkpoint(self.ckpt, self.kind, 1, tensors(), opt, self._state,
                                 f"{self.kind} (resume with `{self.command} --resume`)\n")
                 self._t = None
+                saved = self.step
                 if on_checkpoint is not None:
                     on_checkpoint(self.step)
         bar.close()
-        report: dict[str, Any] = {"stage1_steps_done": min(self.step, tr.stage1_steps),
+        report: dict[str, Any] = {"complete": self.step >= tr.total_steps,
+                                  "stage1_steps_done": min(self.step, tr.stage1_steps),
                                   "stage2_steps_done": max(0, self.step - tr.stage1_steps),
                                   "train_config": tr.model_dump(), "log": str(self.log_path)}
+        if self.log_path.exists():  # every chunk of the run so far (a resume keeps the earlier steps' lines)
+            lines = [json.loads(ln) for ln in self.log_path.read_text().splitlines() if ln.strip()]
+            report["cpu_hours_steps"] = round(sum(r.get("cpu_s", 0.0) for r in lines) / 3600, 4)
+            report["wall_hours_steps"] = round(sum(r.get("s", 0.0) for r in lines) / 3600, 4)
         for s in (1, 2):
             h = history[s]
             if h:

@@ -159,3 +159,12 @@ def test_decoders_read_the_slots_through_the_adapter(tiny_model_dir, tmp_path, c
     frozen = ICAECompressor(counter, trained.encoder.__class__(load_causal_lm(tiny_model_dir, dtype="float32")[0],
                                                                _cfg(tiny_model_dir)), smol_tokenizer)
     assert frozen.decoder_adapter() is None and backend_for(base, frozen) is base
+
+
+def test_a_chunk_stops_at_max_hours_and_resume_finishes_it(tiny_model_dir, tmp_path):
+    comp, report = _train(tiny_model_dir, tmp_path / "w", steps=(2, 2), max_hours=0.0)
+    assert report["complete"] is False and report["stage1_steps_done"] == 0
+    path = comp.save_pretrained(tmp_path / "art", trained=True, training=report)
+    assert "an incomplete run" in (path / "README.md").read_text()
+    _, done = _train(tiny_model_dir, tmp_path / "w", steps=(2, 2), resume=True)
+    assert done["complete"] is True and done["stage2_steps_done"] == 2 and done["cpu_hours_steps"] >= 0

@@ -476,7 +476,9 @@ def _card(cfg: dict[str, Any], tensors: dict[str, Any]) -> str:
         f"{n:,} trained parameters.",
         f"Trained: {'yes' if cfg['trained'] else 'no: random memory rows, zero LoRA, for use as a labelled control only'}.",
         "Training data: " + json.dumps(tr.get("data", "")),
-        f"Steps: stage 1 {tr.get('stage1_steps_done', 0)}, stage 2 {tr.get('stage2_steps_done', 0)}.",
+        f"Steps: stage 1 {tr.get('stage1_steps_done', 0)}, stage 2 {tr.get('stage2_steps_done', 0)}"
+        + ("" if tr.get("complete", True) else " (an incomplete run: resume it to finish the schedule)")
+        + (f"; {tr['cpu_hours_steps']} CPU hours of optimisation steps" if "cpu_hours_steps" in tr else "") + ".",
         "",
     ]
     lines += [f"- {k}: {v}" for k, v in (cfg.get("scores") or {}).items() if not isinstance(v, (dict, list))]
