@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from compressor.base import Budget, TokenCounter
+from compressor.decoder_lora import load_decoder_adapter
 from compressor.errors import BaseModelMismatchError, ConfigError
 from compressor.registry import get_spec
 
@@ -36,6 +37,9 @@ REFERENCE_METHODS = ("none", "no_context", "oracle")
 CACHED = "@cache"  # suffix: a cacheable method (icae slots, sentinel sentence embeddings) timed on cache hits;
 # the cache is filled first, as an index would be ahead of time
 STOP = "@stop"  # suffix: a sentence filter's early stop at its min_score (Budget.early_stop), e.g. sentinel@stop
+CONTROLS = {"@zeroed": "zeroed", "@other": "other"}  # suffixes: a soft method's controls (evaluate's ``control``)
+LORA = "@lora"  # suffix: the method read by the decoder with BenchConfig.text_adapter (the fine-tuned baseline)
+SUFFIXES = (CACHED, STOP, *CONTROLS, LORA)
 
 
 class BenchConfig(BaseModel):
@@ -49,6 +53,10 @@ class BenchConfig(BaseModel):
     seed: int = 0
     max_new_tokens: int = Field(default=32, ge=1)
     out_dir: Path = Path("runs/bench")
+    artifacts: dict[str, str] = Field(default_factory=dict, description="Method name -> artifact folder, for "
+                                      "the trained families (default: the shipped artifact).")
+    text_adapter: Path | None = Field(default=None, description="A decoder-lora artifact that NAME@lora methods "
+                                      "are read through (the fine-tuned uncompressed baseline).")
 
 
 def _key(r: dict) -> tuple:
@@ -67,18 +75,31 @@ def add_bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", type=Path, default=Path("../shared/data"), help="the shared data folder")
     p.add_argument("--out-dir", type=Path, default=Path("runs/bench"))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--artifact", nargs="+", default=[], metavar="NAME=PATH",
+                   help="an artifact folder for a trained method (icae=runs/icae-v2); default: the shipped one")
+    p.add_argument("--text-adapter", type=Path, help="decoder-lora artifact read by NAME@lora methods")
 
 
 def bench_config(args: argparse.Namespace) -> BenchConfig:
     return BenchConfig(datasets=[parse_dataset_label(d, args.data) for d in args.datasets], methods=args.methods,
                        ratios=args.ratios, decoders=args.decoders, limit=args.limit, seed=args.seed,
-                       out_dir=args.out_dir)
+                       out_dir=args.out_dir, artifacts=_pairs(args.artifact), text_adapter=args.text_adapter)
+
+
+def _pairs(items: Sequence[str]) -> dict[str, str]:
+    bad = [x for x in items if "=" not in x]
+    if bad:
+        raise ConfigError(f"--artifact {bad[0]!r}: write NAME=PATH, for example icae=runs/icae-v2")
+    return dict(x.split("=", 1) for x in items)
 
 
 def run_bench(cfg: BenchConfig, progress: bool = True, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Run (or resume) the grid; return the summary rows (also written to ``out_dir``)."""
     for m in cfg.methods:
         _method_spec(m)  # fail on a bad name before any model loads
+        if LORA in m and cfg.text_adapter is None:
+            raise ConfigError(f"bench method {m!r} reads through a text adapter: pass --text-adapter PATH (a "
+                              "decoder-lora artifact from `ragpress train text-lora`)")
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     samples_path = cfg.out_dir / "samples.jsonl"
     done = set()
@@ -98,7 +119,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True, log: Callable[[str], None
             for spec in cfg.datasets:
                 exs = data[spec.label]
                 for m in cfg.methods:
-                    fixed = m in REFERENCE_METHODS or _method_spec(m).fixed_ratio
+                    fixed = _method_spec(m).name in REFERENCE_METHODS or _method_spec(m).fixed_ratio
                     ratios: Sequence[float | None] = [None] if fixed else cfg.ratios
                     for r in ratios:
                         todo = [e for e in exs if (dec, spec.label, m, r, e.id) not in done]
@@ -108,7 +129,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True, log: Callable[[str], None
                             continue
                         if m not in comps:
                             try:
-                                comps[m] = _build(m, counter, cfg.out_dir / "slot-cache", dec)
+                                comps[m] = _build(m, counter, cfg.out_dir / "slot-cache", dec, cfg.artifacts)
                             except BaseModelMismatchError as e:  # soft families run on their own base only
                                 comps[m] = None
                                 log(f"{dec} | {m}: skipped, {e}")
@@ -126,8 +147,11 @@ def run_bench(cfg: BenchConfig, progress: bool = True, log: Callable[[str], None
                             sink.flush()
 
                         if m not in readers:  # a soft method trained with a decoder LoRA reads through it
-                            readers[m] = backend_for(backend, comps[m])
-                        evaluate(todo, readers[m], comps[m], budget, params, progress=progress, on_sample=write)
+                            readers[m] = (backend.with_adapter(load_decoder_adapter(cfg.text_adapter, dec))
+                                          if LORA in m else backend_for(backend, comps[m]))
+                        control = next((c for suffix, c in CONTROLS.items() if suffix in m), None)
+                        evaluate(todo, readers[m], comps[m], budget, params, progress=progress, on_sample=write,
+                                 control=control)
             del backend, comps, readers
     rows = summarize_bench(samples_path, cfg)
     return rows
@@ -139,18 +163,26 @@ def _method_spec(m: str) -> Any:
     name, *suffixes = m.split("@")
     spec = get_spec(name)
     for suffix in suffixes:
-        if f"@{suffix}" not in (CACHED, STOP):
-            raise ConfigError(f"bench method {m!r}: unknown suffix '@{suffix}'; use {CACHED} or {STOP}")
+        if f"@{suffix}" not in SUFFIXES:
+            raise ConfigError(f"bench method {m!r}: unknown suffix '@{suffix}'; use one of {', '.join(SUFFIXES)}")
+    if LORA in m and spec.kind != "text":
+        raise ConfigError(f"bench method {m!r}: @lora reads a text method through the text adapter; a soft "
+                          "method brings its own decoder adapter")
+    if any(c in m for c in CONTROLS) and spec.kind != "soft":
+        raise ConfigError(f"bench method {m!r}: the controls @zeroed and @other apply to soft methods")
     if CACHED in m and not spec.cacheable:
         raise ConfigError(f"method {name!r} keeps no per-passage cache; drop '{CACHED}' from {m!r}")
     return spec
 
 
-def _build(m: str, counter: TokenCounter, cache_dir: Path, decoder: str) -> Any:
+def _build(m: str, counter: TokenCounter, cache_dir: Path, decoder: str, artifacts: dict[str, str]) -> Any:
     """A soft family is built for ``decoder`` and raises :class:`BaseModelMismatchError` when it was trained on
     another base; text methods serve any decoder. ``NAME@cache`` reads (and is filled into) ``cache_dir``."""
-    options = {"cache_dir": str(cache_dir)} if CACHED in m else {}
-    return build_method(_method_spec(m).name, counter, decoder, options)
+    options: dict[str, Any] = {"cache_dir": str(cache_dir)} if CACHED in m else {}
+    name = _method_spec(m).name
+    if name in artifacts:
+        options["artifact"] = artifacts[name]
+    return build_method(name, counter, decoder, options)
 
 
 def bootstrap_interval(diffs: list[float], seed: int = 0, n: int = 2000) -> tuple[float, float]:

@@ -11,12 +11,12 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tqdm.auto import tqdm
 
-from compressor.base import Budget, Compressor, TokenCounter
+from compressor.base import Budget, CompressedContext, Compressor, TokenCounter
 from compressor.errors import ConfigError
 from compressor.registry import get_compressor, get_spec
 
@@ -131,17 +131,22 @@ def evaluate(
     on_sample: Callable[[dict], None] | None = None,
     generate: bool = True,
     fail_fast: bool = False,
+    control: SoftControl | None = None,
 ) -> list[dict[str, Any]]:
     """Run one method over ``examples`` one question at a time (so timings are per question); return one
     record per example. ``generate=False`` only compresses: evidence recall, sizes and compression time, with
     the answer metrics left None (``backend`` may then be None). A question whose compressor or decoder raises
-    is recorded with its ``error`` (class and message) and scored as a miss; ``fail_fast`` raises instead."""
+    is recorded with its ``error`` (class and message) and scored as a miss; ``fail_fast`` raises instead.
+    ``control`` (soft methods): ``zeroed`` replaces every soft row by zeros; ``other`` answers question i from
+    the compressed context of question i+1's passages (cyclically): what a soft method scores without the
+    information in its own slots."""
     params = params or GenerationParams()
     budget = budget or Budget()
     records = []
-    for ex in tqdm(examples, desc=f"eval {compressor.name}", disable=not progress, leave=False):
+    for i, ex in enumerate(tqdm(examples, desc=f"eval {compressor.name}", disable=not progress, leave=False)):
+        donor = examples[(i + 1) % len(examples)] if control == "other" else None
         try:
-            rec = _answer(ex, backend, compressor, budget, params, generate)
+            rec = _answer(ex, backend, compressor, budget, params, generate, control, donor)
         except Exception as e:  # noqa: BLE001 - one question's failure is recorded, scored and counted
             if fail_fast:
                 raise
@@ -152,16 +157,37 @@ def evaluate(
     return records
 
 
+SoftControl = Literal["zeroed", "other"]
+
+
+def _controlled(ctx: CompressedContext, control: SoftControl | None, donor: CompressedContext | None,
+                question: str) -> CompressedContext:
+    """The context a soft control reads instead of ``ctx`` (sizes and timings stay those of ``ctx``)."""
+    if control is None:
+        return ctx
+    if ctx.kind != "soft":
+        raise ConfigError(f"the {control} control applies to soft methods; {ctx.method} returns text")
+    if control == "zeroed":
+        return ctx.model_copy(update={"passages": [p.model_copy(update={"embeds": p.embeds * 0})
+                                                   if p.embeds is not None else p for p in ctx.passages]})
+    if donor is None:
+        raise ValueError("the other-question control needs the donor question's context")
+    return donor.model_copy(update={"query": question})
+
+
 def _answer(ex: QAExample, backend: DecoderBackend, compressor: Compressor, budget: Budget,
-            params: GenerationParams, generate: bool) -> dict[str, Any]:
+            params: GenerationParams, generate: bool, control: SoftControl | None = None,
+            donor: QAExample | None = None) -> dict[str, Any]:
     ctx = compressor.compress(ex.question, ex.passages, budget)
+    shown = _controlled(ctx, control, compressor.compress(donor.question, donor.passages, budget) if donor else None,
+                        ex.question)
     rec = {"id": ex.id, "question": ex.question, "answers": ex.answers, "prediction": None, "em": None,
            "f1": None, "accuracy": None, "evidence_recall": evidence_recall(ctx, ex.passages),
            "tokens_in": ctx.tokens_in, "tokens_out": ctx.tokens_out, "asked_ratio": ctx.asked_ratio,
            "prompt_tokens": None, "compress_s": ctx.compress_s, "ttft_s": None, "e2e_s": ctx.compress_s,
            "new_tokens": 0, "stopped_by": ctx.stopped_by, "duplicates": ctx.duplicates, "error": None}
     if generate:
-        gen = backend.generate([backend.prompt_builder().build(ctx)], params)[0]
+        gen = backend.generate([backend.prompt_builder().build(shown)], params)[0]
         pred = gen.text.strip()
         rec.update(
             prediction=pred, em=exact_match(pred, ex.answers), f1=f1_score(pred, ex.answers),

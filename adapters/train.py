@@ -72,6 +72,38 @@ def train_soft(family: str, config: Any, train: Any, data: SoftData, out: str | 
     return Path(path), report
 
 
+class TextLoRA(BaseModel):
+    """The fine-tuned uncompressed baseline (``ragpress train text-lora``): a decoder LoRA trained on the
+    multi-passage records read as text, with the distillation targets of ``icae``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base: str = Field(default="smollm2-135m-instruct", description="The decoder: named model or HF folder.")
+    decoder_lora_r: int = Field(default=8, ge=1, le=1024, description="LoRA rank (alpha 2r), as icae's decoder "
+                                "adapter.")
+    lora_targets: str = Field(default="all-linear", description="peft target_modules: 'all-linear' or a comma list.")
+
+
+def train_text_lora_artifact(cfg: TextLoRA, train: Any, data: SoftData, out: str | Path,
+                             work_dir: str | Path | None = None, resume: bool = False) -> tuple[Path, dict[str, Any]]:
+    """Train the text baseline on the records ``icae`` trains on (``data.multi_passage`` is implied) and
+    write its ``decoder-lora`` artifact to ``out``. Returns (artifact folder, report)."""
+    from compressor.decoder_lora import save_decoder_adapter, train_text_lora
+
+    from .metrics import accuracy
+    from .training_data import distill_records
+
+    qa, provenance = distill_records(data.data, data.distractors or 9, data.n_nq, data.n_squad, data.n_hotpot,
+                                     seed=train.seed)
+    work = Path(work_dir) if work_dir else Path("runs") / "text-lora-train" / Path(out).name
+    tensors, report = train_text_lora(qa, work, cfg.base, train, r=cfg.decoder_lora_r, targets=cfg.lora_targets,
+                                      resume=resume, teacher_cache=data.teacher_cache,
+                                      accept=lambda text, r: accuracy(text, r.answers or (r.answer,)) > 0)
+    path = save_decoder_adapter(out, cfg.base, tensors, cfg.decoder_lora_r, cfg.lora_targets,
+                                {"data": provenance, **{k: v for k, v in report.items() if k != "log"}})
+    return Path(path), report
+
+
 class SentinelTraining(BaseModel):
     """How the attention probe is trained (``ragpress train sentinel``); the defaults plus ``layers=4``,
     ``min_score=1.5`` and ``complete_links`` reproduce the shipped artifact."""

@@ -22,10 +22,9 @@ from typing import Any
 
 import torch
 
-from .base import CompressedContext, CompressedPassage
 from .cache import TensorCache
 from .prompt import PromptBuilder
-from .training import QARecord, answer_ids
+from .training import QARecord, answer_ids, text_prompt
 
 __all__ = ["Target", "teacher_targets", "stop_ids", "distill_loss"]
 
@@ -46,14 +45,6 @@ def stop_ids(builder: PromptBuilder) -> set[int]:
     if builder.style == "chat":
         return {tok.eos_token_id} if tok.eos_token_id is not None else set()
     return set(builder._encode("\n")[-1:])
-
-
-def _text_prompt(builder: PromptBuilder, record: QARecord) -> list[int]:
-    ctx = CompressedContext(
-        method="none", kind="text", query=record.question, n_input_passages=len(record.passages), tokens_in=0,
-        tokens_out=0, passages=[CompressedPassage(index=i, title=p.title, text=p.text)
-                                for i, p in enumerate(record.passages)])
-    return builder.build(ctx).token_ids
 
 
 @torch.no_grad()
@@ -103,7 +94,7 @@ def teacher_targets(model: Any, builder: PromptBuilder, records: Sequence[QAReco
     cache = TensorCache(cache_dir, namespace) if cache_dir is not None else None
     out: list[Target] = []
     counts = {"teacher": 0, "gold": 0, "teacher_no_stop": 0, "teacher_rejected": 0, "cached": 0}
-    prompts = [_text_prompt(builder, r.evidence_only()) for r in records]
+    prompts = [text_prompt(builder, r.evidence_only()) for r in records]
     keys = [json.dumps([p, max_answer_tokens, top_k]) for p in prompts]
     found: list[dict[str, torch.Tensor] | None] = [cache.get_tensors(k) if cache is not None else None for k in keys]
     counts["cached"] = sum(f is not None for f in found)

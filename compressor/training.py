@@ -24,7 +24,7 @@ from .base import CompressedContext, CompressedPassage, Passage
 from .errors import ConfigError
 from .prompt import PromptBuilder
 
-__all__ = ["Seq", "QARecord", "qa_layouts", "answer_ids", "target_logits", "seeded_batch", "cosine_lr",
+__all__ = ["Seq", "QARecord", "qa_layouts", "text_layout", "text_prompt", "answer_ids", "target_logits", "seeded_batch", "cosine_lr",
            "save_checkpoint", "load_opt_state", "trim_log", "StagedRun"]
 
 
@@ -86,14 +86,24 @@ def qa_layouts(builder: PromptBuilder, record: QARecord, rows_per_passage: Seque
         else:
             rows += range(len(ids), len(ids) + int(seg.shape[0]))
             ids += [placeholder] * int(seg.shape[0])
+    ans = list(target) if target is not None else answer_ids(builder, record.answer, max_answer_tokens)
+    return (Seq(ids + ans, rows, len(ids), len(ans), [p.text for p in record.passages]),
+            text_layout(builder, record, ans))
+
+
+def text_prompt(builder: PromptBuilder, record: QARecord) -> list[int]:
+    """The evaluation prompt's tokens with every passage of ``record`` as text."""
     text = CompressedContext(
         method="none", kind="text", query=record.question, n_input_passages=len(record.passages), tokens_in=0,
         tokens_out=0, passages=[CompressedPassage(index=i, title=p.title, text=p.text)
                                 for i, p in enumerate(record.passages)])
-    t_ids = builder.build(text).token_ids
-    ans = list(target) if target is not None else answer_ids(builder, record.answer, max_answer_tokens)
-    return (Seq(ids + ans, rows, len(ids), len(ans), [p.text for p in record.passages]),
-            Seq(t_ids + ans, [], len(t_ids), len(ans)))
+    return builder.build(text).token_ids
+
+
+def text_layout(builder: PromptBuilder, record: QARecord, answer: Sequence[int]) -> Seq:
+    """The evaluation prompt with the passages as text, followed by the ``answer`` tokens."""
+    t_ids = text_prompt(builder, record)
+    return Seq(t_ids + list(answer), [], len(t_ids), len(answer))
 
 
 def target_logits(model: Any, seqs: Sequence[Seq], pad: int, rows: torch.Tensor | None) -> torch.Tensor:

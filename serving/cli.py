@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     from adapters.bench import add_bench_options
     from adapters.datasets import DATASETS, DatasetSpec
     from adapters.evaluate import EvalRequest
-    from adapters.train import SentinelTraining, SoftData
+    from adapters.train import SentinelTraining, SoftData, TextLoRA
     from compressor.base import Budget
     from compressor.icae.config import ICAEConfig, ICAETrainConfig
     from compressor.xrag.config import XRAGConfig, XRAGTrainConfig
@@ -94,6 +94,16 @@ def build_parser() -> argparse.ArgumentParser:
         tp.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work-dir")
         for model in (config, train_config, SoftData):
             _model_options(tp, model, exclude={"encode_batch_size", "embed_batch_size", "cache_dir"})
+    tl = tsub.add_parser("text-lora", help="train the fine-tuned uncompressed baseline (a decoder LoRA reading "
+                         "full text, on icae's records and targets)")
+    tl.add_argument("--out", type=Path, required=True, help="artifact folder to write")
+    tl.add_argument("--work-dir", type=Path, help="checkpoints and loss log (default runs/text-lora-train/<out>)")
+    tl.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work-dir")
+    _model_options(tl, TextLoRA)
+    _model_options(tl, ICAETrainConfig, exclude={"stage1_steps", "stage1_lr", "lm_fraction", "lm_tokens",
+                                                 "curriculum_start_tokens", "curriculum_fraction", "init_from",
+                                                 "train_encoder"})
+    _model_options(tl, SoftData, exclude={"multi_passage", "n_stage1", "n_val"})
     return ap
 
 
@@ -177,6 +187,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.family == "sentinel":
         path, report = train_sentinel_artifact(args.out, _from_args(SentinelTraining, args))
         print(f"chosen: {report['chosen']}\nwrote {path}")
+        return 0
+    if args.family == "text-lora":
+        from adapters.train import TextLoRA, train_text_lora_artifact
+        from compressor.icae.config import ICAETrainConfig
+
+        path, report = train_text_lora_artifact(
+            _from_args(TextLoRA, args), _from_args(ICAETrainConfig, args, stage1_steps=0),
+            _from_args(SoftData, args, multi_passage=True), args.out, args.work_dir, resume=args.resume)
+        print(json.dumps({k: v for k, v in report.items() if k not in ("train_config", "log")}, indent=2))
+        print(f"wrote {path}")
         return 0
     if args.family == "icae":
         from compressor.icae.config import ICAEConfig as Config

@@ -168,3 +168,67 @@ def test_a_chunk_stops_at_max_hours_and_resume_finishes_it(tiny_model_dir, tmp_p
     assert "an incomplete run" in (path / "README.md").read_text()
     _, done = _train(tiny_model_dir, tmp_path / "w", steps=(2, 2), resume=True)
     assert done["complete"] is True and done["stage2_steps_done"] == 2 and done["cpu_hours_steps"] >= 0
+
+
+def test_text_lora_baseline_trains_saves_and_refuses_another_base(tiny_model_dir, tmp_path, smol_tokenizer):
+    from conftest import make_tiny_llama
+
+    from compressor.decoder_lora import load_decoder_adapter, save_decoder_adapter, train_text_lora
+    from compressor.errors import BaseModelMismatchError
+
+    tc = ICAETrainConfig(stage1_steps=0, stage2_steps=3, batch_size=2, checkpoint_every=1, precision="fp32",
+                         stage2_targets="distill", distill_top_k=8, stage2_lr=5e-2)
+    tensors, report = train_text_lora(QA, tmp_path / "w", str(tiny_model_dir), tc, r=4, progress=False,
+                                      log=lambda s: None)
+    assert report["stage2_steps_done"] == 3 and any(v.abs().sum() > 0 for k, v in tensors.items() if "lora_B" in k)
+    path = save_decoder_adapter(tmp_path / "art", str(tiny_model_dir), tensors, 4, "all-linear",
+                                {"data": "unit test", **report})
+    adapter = load_decoder_adapter(path, str(tiny_model_dir))
+    base = HFBackend.load(str(tiny_model_dir), dtype="float32")
+    reader = base.with_adapter(adapter)
+    ids = torch.tensor([smol_tokenizer("What is the capital of France?")["input_ids"]])
+    with torch.no_grad():
+        assert not torch.allclose(reader.model(input_ids=ids).logits, base.model(input_ids=ids).logits, atol=1e-3)
+    other = tmp_path / "other"
+    make_tiny_llama(len(smol_tokenizer), seed=9).save_pretrained(other)
+    smol_tokenizer.save_pretrained(other)
+    with pytest.raises(BaseModelMismatchError):
+        load_decoder_adapter(path, str(other))
+    with pytest.raises(ConfigError, match="stage1_steps=0"):
+        train_text_lora(QA, tmp_path / "x", str(tiny_model_dir), tc.model_copy(update={"stage1_steps": 1}),
+                        progress=False)
+
+
+def test_soft_controls_zero_or_swap_the_slots(counter, smol_tokenizer, tiny_model_dir):
+    from adapters.bench import _method_spec
+    from adapters.datasets import QAExample
+    from adapters.evaluate import evaluate
+    from compressor.icae import ICAEEncoder
+
+    comp = ICAECompressor(counter, ICAEEncoder(load_causal_lm(tiny_model_dir, dtype="float32")[0],
+                                               _cfg(tiny_model_dir)), smol_tokenizer)
+    fake = FakeBackend(smol_tokenizer, reply="x")
+    exs = [QAExample(id=str(i), question=r.question, answers=list(r.answers), passages=list(r.passages))
+           for i, r in enumerate(QA)]
+    mine = evaluate(exs, fake, comp, progress=False)
+    zero = evaluate(exs, fake, comp, progress=False, control="zeroed")
+    other = evaluate(exs, fake, comp, progress=False, control="other")
+    calls = fake.calls
+    n = len(exs)
+    own, zeroed, swapped = calls[:n], calls[n: 2 * n], calls[2 * n:]
+    for a, z in zip(own, zeroed, strict=True):
+        soft = [s for s in z.segments if not isinstance(s, list)]
+        assert soft and all(float(s.abs().sum()) == 0 for s in soft) and len(a) == len(z)
+    for i in range(n):  # question i reads question i+1's slots (cyclically), under its own question
+        got = [s for s in swapped[i].segments if not isinstance(s, list)]
+        want = [s for s in own[(i + 1) % n].segments if not isinstance(s, list)]
+        assert len(got) == len(want) and all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    assert "What is the capital of France?" in smol_tokenizer.decode(
+        [t for s in swapped[0].segments if isinstance(s, list) for t in s])
+    assert [r["tokens_in"] for r in other] == [r["tokens_in"] for r in mine]  # sizes stay the method's own
+    assert [r["tokens_in"] for r in zero] == [r["tokens_in"] for r in mine]
+    with pytest.raises(ConfigError, match="soft methods"):
+        _method_spec("none@zeroed")
+    with pytest.raises(ConfigError, match="own decoder adapter"):
+        _method_spec("icae@lora")
+    assert _method_spec("icae@other").name == "icae"
