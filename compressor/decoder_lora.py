@@ -57,7 +57,8 @@ def train_text_lora(qa: Sequence[QARecord], work_dir: str | Path, base: str, tra
                 "data_sha256": _records_hash(qa)}
     run = StagedRun(work_dir, "decoder-lora-checkpoint", train, identity, resume, "ragpress train text-lora", log)
     run.check_fresh()
-    model, tok = load_causal_lm(base, dtype="bfloat16" if train.precision == "bf16" else "float32")
+    model, tok = load_causal_lm(base, dtype="bfloat16" if train.precision == "bf16" else "float32",
+                                device=train.device)
     torch.manual_seed(train.seed)
     model.requires_grad_(False)
     peft_model = get_peft_model(model, LoraConfig(**_lora_kwargs(r, targets)))
@@ -83,7 +84,7 @@ def train_text_lora(qa: Sequence[QARecord], work_dir: str | Path, base: str, tra
         seqs = [text_layout(builder, qa[j], answer_ids(builder, qa[j].answer, train.max_answer_tokens)
                             if tgt is None else tgt[j].ids) for j in batch]
         logits = target_logits(lm, seqs, ph, None)
-        labels = torch.tensor([t for s in seqs for t in s.ids[s.n_prompt:]])
+        labels = torch.tensor([t for s in seqs for t in s.ids[s.n_prompt:]], device=logits.device)
         nll = torch.nn.functional.cross_entropy(logits, labels)
         kl = distill_loss(logits, [tgt[j] for j in batch], train.kl_temperature) if tgt is not None else nll * 0
         return nll + train.kl_weight * kl, {"nll": round(nll.item(), 5), "kl": round(kl.item(), 5),

@@ -20,6 +20,8 @@ class StagedTrainConfig(BaseModel):
     kl_temperature: float = Field(default=1.0, gt=0.0, le=20.0, description="Softmax temperature of the KL.")
     max_answer_tokens: int = Field(default=24, ge=1, le=512, description="Stage 2 target: answer tokens at most.")
     checkpoint_every: int = Field(default=50, ge=1, le=10_000_000, description="Steps between checkpoints.")
+    device: str = Field(default="cpu", description="Where the run computes: cpu, cuda, cuda:1 (checkpoints are "
+                        "device-free: a run started on a GPU resumes on a CPU and back).")
     max_hours: float | None = Field(default=None, ge=0.0, le=1000.0,
                                     description="Stop this chunk after this many hours (checkpointed; the artifact "
                                     "holds the weights so far, marked incomplete); --resume continues exactly.")
@@ -30,4 +32,4 @@ class StagedTrainConfig(BaseModel):
 
     def resume_key(self) -> dict:
         """Fields that must match for ``--resume`` to continue the same run (the schedule depends on them)."""
-        return self.model_dump(exclude={"checkpoint_every", "max_hours"})
+        return self.model_dump(exclude={"checkpoint_every", "max_hours", "device"})

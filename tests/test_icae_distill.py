@@ -232,3 +232,42 @@ def test_soft_controls_zero_or_swap_the_slots(counter, smol_tokenizer, tiny_mode
     with pytest.raises(ConfigError, match="own decoder adapter"):
         _method_spec("icae@lora")
     assert _method_spec("icae@other").name == "icae"
+
+
+def test_train_chunk_script_resumes_the_committed_checkpoint_and_writes_a_loadable_artifact(tiny_model_dir, tmp_path,
+                                                                                            counter):
+    """examples/train_chunk.sh (and gpu_train.sh, which is it with DEVICE=cuda) on a tiny model on the CPU: a
+    chunk copies its checkpoint into the run folder (what a session commits); a chunk on a fresh machine resumes
+    from it; the artifact loads."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    src = tmp_path / "run"
+    src.mkdir()
+    (src / "args.txt").write_text(
+        f"--base {tiny_model_dir} --lora-r 2 --segment-tokens 16 --stage1-steps 0 --stage2-steps 2 --batch-size 1\n"
+        "--multi-passage --distractors 2 --n-nq 2 --n-squad 1 --n-hotpot 1 --n-val 1 --stage2-targets distill\n"
+        "--decoder-lora-r 2 --checkpoint-every 1 --precision fp32 --max-answer-tokens 4\n")
+    env = {**os.environ, "SRC": str(src), "WORK": str(tmp_path / "work"), "OUT": str(tmp_path / "out"),
+           "RAGPRESS": os.path.join(os.path.dirname(sys.executable), "ragpress"), "MAX_HOURS": "1"}
+    script = ["bash", str(REPO / "examples" / "train_chunk.sh")]
+    run = subprocess.run(script, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    ckpt = json.loads((src / "checkpoint" / "compressor_config.json").read_text())
+    assert ckpt["step"] == 2 and (src / "train_log.jsonl").read_text().count("\n") == 2
+    first = ICAECompressor.from_pretrained(tmp_path / "out", counter, base=str(tiny_model_dir), dtype="float32")
+    assert first.decoder_adapter() is not None
+    assert json.loads((tmp_path / "out" / "compressor_config.json").read_text())["training"]["complete"] is True
+
+    env.update(WORK=str(tmp_path / "fresh-machine"), OUT=str(tmp_path / "out2"))  # only the run folder is there
+    run = subprocess.run(script, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "resumed at step 2 of 2" in run.stdout + run.stderr
+    again = ICAECompressor.from_pretrained(tmp_path / "out2", counter, base=str(tiny_model_dir), dtype="float32")
+    a, b = first.encoder.trainable_tensors(), again.encoder.trainable_tensors()
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    missing = subprocess.run(script, env={**env, "SRC": str(tmp_path / "nothing")}, capture_output=True, text=True)
+    assert missing.returncode == 2 and "no " in missing.stderr and "args.txt" in missing.stderr

@@ -132,7 +132,7 @@ def train_icae(
 
     model, tok = load_causal_lm(config.base, dtype="bfloat16" if train.precision == "bf16" else "float32")
     torch.manual_seed(train.seed)
-    enc = ICAEEncoder(model, config, seed=train.seed)
+    enc = ICAEEncoder(model, config, seed=train.seed).to(train.device)
     enc_tokens = [list(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
     enc_tokens = [t for t in enc_tokens if len(t) >= _MIN_TOKENS]
     if train.stage1_steps and not enc_tokens:
@@ -177,7 +177,7 @@ def train_icae(
         rows_t = torch.cat(rows, 0)
         with enc.decoder():
             logits = target_logits(enc.lm, seqs, ph, rows_t)
-        labels = torch.tensor([t for s in seqs for t in s.ids[s.n_prompt:]])
+        labels = torch.tensor([t for s in seqs for t in s.ids[s.n_prompt:]], device=logits.device)
         nll = torch.nn.functional.cross_entropy(logits, labels)
         return nll, {"tasks": "".join("a" if t == "ae" else "l" for t, _, _ in examples), "nll": round(nll.item(), 5),
                      "segment_cap": cap, "target_tokens": int(labels.numel()),
@@ -194,7 +194,7 @@ def train_icae(
         kl = torch.zeros(())
         with enc.decoder():
             logits = target_logits(enc.lm, [p[0] for p in pairs], ph, rows)
-            labels = torch.tensor([t for s, _ in pairs for t in s.ids[s.n_prompt:]])
+            labels = torch.tensor([t for s, _ in pairs for t in s.ids[s.n_prompt:]], device=logits.device)
             nll = torch.nn.functional.cross_entropy(logits, labels)
             if targets is not None:
                 mine = [targets[j] for j in batch]
@@ -295,7 +295,7 @@ def validate_answers(enc: ICAEEncoder, tok: Any, builder: PromptBuilder, records
                 if nxt in stop:
                     break
                 ids.append(nxt)
-                out = enc.lm(input_ids=torch.tensor([[nxt]]), past_key_values=out.past_key_values, use_cache=True)
+                out = enc.lm(input_ids=torch.tensor([[nxt]], device=x.device), past_key_values=out.past_key_values, use_cache=True)
         for k, v in score(tok.decode(ids, skip_special_tokens=True).strip(), r).items():
             totals[k] = totals.get(k, 0.0) + v
     if was_training:
