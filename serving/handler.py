@@ -95,6 +95,14 @@ class ProxyHandler:
                     raise ProxyError(400, f"method {name!r} is not available on this server ({e}); methods served "
                                      f"here: {', '.join(self.served_methods())}", param="compression.method",
                                      code="method_unavailable") from None
+                adapter = self._compressors[name].decoder_adapter()
+                if adapter is not None:  # its slots are read by the decoder with that adapter, not the upstream's
+                    del self._compressors[name]
+                    raise ProxyError(400, f"method {name!r} was trained with a decoder LoRA adapter ({adapter.name}) "
+                                     "that this proxy's upstream does not apply yet; use it through the Python API "
+                                     f"(RAGPipeline) or ragpress eval/bench. Methods served here: "
+                                     f"{', '.join(m for m in self.served_methods() if m != name)}",
+                                     param="compression.method", code="method_unavailable")
             return self._compressors[name]
 
     def _budget(self, opts: CompressionOptions | None) -> Budget:

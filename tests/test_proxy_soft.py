@@ -210,3 +210,33 @@ def test_the_budget_options_reach_the_compressor(smol_backend):
 
     with pytest.raises(ConfigError, match="--method icae: .*--upstream-prompt-embeds"):
         create_app(ProxySettings(upstream="http://text-only.invalid/v1", method="icae"), backend=smol_backend)
+
+
+def test_a_method_trained_with_a_decoder_adapter_is_refused_not_misread(smol_tokenizer, monkeypatch):
+    """A soft method whose slots need the decoder LoRA it was trained with (icae v2) would be read wrongly by the
+    upstream's plain decoder: the proxy refuses it with a 400 naming the adapter, and serves the rest."""
+    from adapters.decoders import FakeBackend
+    from compressor.base import DecoderAdapter
+    from compressor.filters import BM25Filter
+    from serving import handler
+
+    class Adapted(BM25Filter):
+        def decoder_adapter(self):
+            return DecoderAdapter(name="icae-test", lora={"r": 2}, tensors={})
+
+    real = handler.build_method
+    monkeypatch.setattr(handler, "build_method", lambda name, counter, decoder, options=None: Adapted(counter)
+                        if name == "minilm" else real(name, counter, decoder, options))
+    with serve_in_thread(create_app(ProxySettings(method="bm25"), backend=FakeBackend(smol_tokenizer))) as b:
+        oa = client(b)
+
+        def chat(method):
+            return oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
+                                              max_tokens=2, extra_body={"documents": DOCS,
+                                                                        "compression": {"method": method}})
+
+        with pytest.raises(openai.BadRequestError) as e:
+            chat("minilm")
+        assert e.value.body["code"] == "method_unavailable" and "decoder LoRA adapter (icae-test)" in \
+            e.value.body["message"]
+        assert chat("bm25").model_extra["compression"]["method"] == "bm25"
