@@ -38,12 +38,15 @@ class SoftData(BaseModel):
 
 def train_soft(family: str, config: Any, train: Any, data: SoftData, out: str | Path, work_dir: str | Path | None = None,
                resume: bool = False) -> tuple[Path, dict[str, Any]]:
-    """Train ``family`` (``icae`` or ``xrag``) with its ``config`` and ``train`` settings, resumably in
+    """Train ``family`` (``icae``, ``xrag``, or ``text-lora``: :func:`train_text_lora_artifact`) with its ``config`` and ``train`` settings, resumably in
     ``work_dir`` (default ``runs/<family>-train/<out name>``); write the artifact to ``out``. A run of zero
     steps writes an untrained control (``"trained": false``). Returns (artifact folder, training report)."""
     from .metrics import accuracy, f1_score
     from .training_data import distill_records, distill_val_records, xrag_records
 
+    if family == "text-lora":
+        return train_text_lora_artifact(config, train.model_copy(update={"stage1_steps": 0}),
+                                        data.model_copy(update={"multi_passage": True}), out, work_dir, resume)
     extra: dict[str, Any] = {}
     if family == "icae":
         from compressor.icae.train import train_icae as trainer

@@ -87,23 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
     for family, config, train_config, what in (("xrag", XRAGConfig, XRAGTrainConfig, "the xRAG bridge (one soft "
                                                 "row per passage)"),
                                                ("icae", ICAEConfig, ICAETrainConfig, "the ICAE encoder (LoRA + "
-                                                "memory slots)")):
+                                                "memory slots)"),
+                                               ("text-lora", TextLoRA, ICAETrainConfig, "the fine-tuned uncompressed "
+                                                "baseline (a decoder LoRA reading text, icae's records and targets)")):
         tp = tsub.add_parser(family, help=f"train {what}")
         tp.add_argument("--out", type=Path, required=True, help="artifact folder to write")
         tp.add_argument("--work-dir", type=Path, help=f"checkpoints and loss log (default runs/{family}-train/<out>)")
         tp.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work-dir")
+        tp.set_defaults(configs=(config, train_config))
         for model in (config, train_config, SoftData):
             _model_options(tp, model, exclude={"encode_batch_size", "embed_batch_size", "cache_dir"})
-    tl = tsub.add_parser("text-lora", help="train the fine-tuned uncompressed baseline (a decoder LoRA reading "
-                         "full text, on icae's records and targets)")
-    tl.add_argument("--out", type=Path, required=True, help="artifact folder to write")
-    tl.add_argument("--work-dir", type=Path, help="checkpoints and loss log (default runs/text-lora-train/<out>)")
-    tl.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work-dir")
-    _model_options(tl, TextLoRA)
-    _model_options(tl, ICAETrainConfig, exclude={"stage1_steps", "stage1_lr", "lm_fraction", "lm_tokens",
-                                                 "curriculum_start_tokens", "curriculum_fraction", "init_from",
-                                                 "train_encoder"})
-    _model_options(tl, SoftData, exclude={"multi_passage", "n_stage1", "n_val"})
     return ap
 
 
@@ -188,22 +181,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         path, report = train_sentinel_artifact(args.out, _from_args(SentinelTraining, args))
         print(f"chosen: {report['chosen']}\nwrote {path}")
         return 0
-    if args.family == "text-lora":
-        from adapters.train import TextLoRA, train_text_lora_artifact
-        from compressor.icae.config import ICAETrainConfig
-
-        path, report = train_text_lora_artifact(
-            _from_args(TextLoRA, args), _from_args(ICAETrainConfig, args, stage1_steps=0),
-            _from_args(SoftData, args, multi_passage=True), args.out, args.work_dir, resume=args.resume)
-        print(json.dumps({k: v for k, v in report.items() if k not in ("train_config", "log")}, indent=2))
-        print(f"wrote {path}")
-        return 0
-    if args.family == "icae":
-        from compressor.icae.config import ICAEConfig as Config
-        from compressor.icae.config import ICAETrainConfig as TrainConfig
-    else:
-        from compressor.xrag.config import XRAGConfig as Config
-        from compressor.xrag.config import XRAGTrainConfig as TrainConfig
+    Config, TrainConfig = args.configs  # the family's config models, set by its sub-parser
     path, report = train_soft(args.family, _from_args(Config, args), _from_args(TrainConfig, args),
                               _from_args(SoftData, args), args.out, args.work_dir, resume=args.resume)
     print(json.dumps({k: v for k, v in report.items() if k not in ("train_config", "log")}, indent=2))
