@@ -26,13 +26,15 @@ from .errors import ConfigError, InputError
 from .prompt import PromptBuilder
 from .training import QARecord, StagedRun, answer_ids, seeded_batch, target_logits, text_layout
 
-__all__ = ["train_text_lora", "load_decoder_adapter", "ARTIFACT_TYPE"]
+__all__ = ["train_text_lora", "load_decoder_adapter", "lora_kwargs", "ARTIFACT_TYPE"]
 
 ARTIFACT_TYPE = "decoder-lora"
 _FORMAT_VERSION = 1
 
 
-def _lora_kwargs(r: int, targets: str) -> dict[str, Any]:
+def lora_kwargs(r: int, targets: str) -> dict[str, Any]:
+    """``peft.LoraConfig`` keyword arguments of a decoder adapter: rank ``r``, alpha 2r, ``targets`` being
+    'all-linear' or a comma list of module names (shared with icae's decoder adapter)."""
     t: Any = targets if targets == "all-linear" else [x.strip() for x in targets.split(",") if x.strip()]
     return {"r": r, "lora_alpha": 2.0 * r, "lora_dropout": 0.0, "target_modules": t, "bias": "none",
             "task_type": "CAUSAL_LM"}
@@ -61,7 +63,7 @@ def train_text_lora(qa: Sequence[QARecord], work_dir: str | Path, base: str, tra
                                 device=train.device)
     torch.manual_seed(train.seed)
     model.requires_grad_(False)
-    peft_model = get_peft_model(model, LoraConfig(**_lora_kwargs(r, targets)))
+    peft_model = get_peft_model(model, LoraConfig(**lora_kwargs(r, targets)))
     lm = peft_model.base_model.model
     builder = PromptBuilder(tok)
     ph = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -115,7 +117,7 @@ def save_decoder_adapter(directory: str | Path, base: str, tensors: dict[str, to
 
     cfg = {"type": ARTIFACT_TYPE, "format_version": _FORMAT_VERSION, "library_version": __version__,
            "trained": bool(training.get("stage2_steps_done")),
-           "base": {"id": model_id(base), "sha256": model_fingerprint(base)}, "lora": _lora_kwargs(r, targets),
+           "base": {"id": model_id(base), "sha256": model_fingerprint(base)}, "lora": lora_kwargs(r, targets),
            "training": training}
     card = "\n".join([
         "# decoder LoRA: the fine-tuned uncompressed baseline",

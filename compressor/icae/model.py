@@ -50,11 +50,9 @@ _DEC = "decoder_lora."
 
 def decoder_lora_kwargs(config: ICAEConfig) -> dict[str, Any]:
     """``peft.LoraConfig`` keyword arguments of the decoder-side adapter (``decoder_lora_r`` > 0)."""
-    targets: Any = config.lora_targets
-    if targets != "all-linear":
-        targets = [t.strip() for t in targets.split(",") if t.strip()]
-    return {"r": config.decoder_lora_r, "lora_alpha": 2.0 * config.decoder_lora_r, "lora_dropout": 0.0,
-            "target_modules": targets, "bias": "none", "task_type": "CAUSAL_LM"}
+    from ..decoder_lora import lora_kwargs
+
+    return lora_kwargs(config.decoder_lora_r, config.lora_targets)
 
 
 def _lora_config(config: ICAEConfig, decoder: bool = False) -> Any:
