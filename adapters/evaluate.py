@@ -43,6 +43,9 @@ class EvalRequest(BaseModel):
                                     "`artifact` included; recorded in the summary.")
     generate: bool = Field(default=True, description="False: compress only (evidence recall, sizes, time).")
     fill_budget: bool = Field(default=False, description="Sentence filters: ignore min_score, fill the budget.")
+    explain: bool = Field(default=False, description="Write, per question, what the method kept and why (per "
+                          "passage and sentence: span, score, kept, reason, tokens; soft methods: slots and ratio) "
+                          "into the per-question records (--out's .samples.jsonl, key 'explanation').")
     fail_fast: bool = Field(default=False, description="Stop at the first question whose compressor or decoder "
                             "raises; by default it is recorded in its sample line, scored as a miss and counted "
                             "(n_errors).")
@@ -91,7 +94,7 @@ def run_eval(req: EvalRequest, log: Callable[[str], None] | None = None, progres
     backend = backend_for(HFBackend.load(req.decoder), comp) if req.generate else None  # compress-only: no decoder
     params = GenerationParams(max_new_tokens=req.max_new_tokens)
     records = evaluate(data.examples, backend, comp, req.budget, params, progress=progress, generate=req.generate,
-                       fail_fast=req.fail_fast)
+                       fail_fast=req.fail_fast, explain=req.explain)
     stats = comp.run_stats()
     if stats.get("trained") is False and log:
         log(f"{req.method}: UNTRAINED weights (a control), from {options.get('artifact')}")
@@ -132,6 +135,7 @@ def evaluate(
     generate: bool = True,
     fail_fast: bool = False,
     control: SoftControl | None = None,
+    explain: bool = False,
 ) -> list[dict[str, Any]]:
     """Run one method over ``examples`` one question at a time (so timings are per question); return one
     record per example. ``generate=False`` only compresses: evidence recall, sizes and compression time, with
@@ -139,14 +143,14 @@ def evaluate(
     is recorded with its ``error`` (class and message) and scored as a miss; ``fail_fast`` raises instead.
     ``control`` (soft methods): ``zeroed`` replaces every soft row by zeros; ``other`` answers question i from
     the compressed context of question i+1's passages (cyclically): what a soft method scores without the
-    information in its own slots."""
+    information in its own slots. ``explain`` adds each record's ``explanation`` (:mod:`compressor.explain`)."""
     params = params or GenerationParams()
     budget = budget or Budget()
     records = []
     for i, ex in enumerate(tqdm(examples, desc=f"eval {compressor.name}", disable=not progress, leave=False)):
         donor = examples[(i + 1) % len(examples)] if control == "other" else None
         try:
-            rec = _answer(ex, backend, compressor, budget, params, generate, control, donor)
+            rec = _answer(ex, backend, compressor, budget, params, generate, control, donor, explain)
         except Exception as e:  # noqa: BLE001 - one question's failure is recorded, scored and counted
             if fail_fast:
                 raise
@@ -177,8 +181,8 @@ def _controlled(ctx: CompressedContext, control: SoftControl | None, donor: Comp
 
 def _answer(ex: QAExample, backend: DecoderBackend, compressor: Compressor, budget: Budget,
             params: GenerationParams, generate: bool, control: SoftControl | None = None,
-            donor: QAExample | None = None) -> dict[str, Any]:
-    ctx = compressor.compress(ex.question, ex.passages, budget)
+            donor: QAExample | None = None, explain: bool = False) -> dict[str, Any]:
+    ctx = compressor.compress(ex.question, ex.passages, budget, explain=explain)
     shown = _controlled(ctx, control, compressor.compress(donor.question, donor.passages, budget) if donor else None,
                         ex.question)
     rec = {"id": ex.id, "question": ex.question, "answers": ex.answers, "prediction": None, "em": None,
@@ -186,6 +190,8 @@ def _answer(ex: QAExample, backend: DecoderBackend, compressor: Compressor, budg
            "tokens_in": ctx.tokens_in, "tokens_out": ctx.tokens_out, "asked_ratio": ctx.asked_ratio,
            "prompt_tokens": None, "compress_s": ctx.compress_s, "ttft_s": None, "e2e_s": ctx.compress_s,
            "new_tokens": 0, "stopped_by": ctx.stopped_by, "duplicates": ctx.duplicates, "error": None}
+    if explain:
+        rec["explanation"] = ctx.explain().model_dump(mode="json")
     if generate:
         gen = backend.generate([backend.prompt_builder().build(shown)], params)[0]
         pred = gen.text.strip()

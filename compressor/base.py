@@ -17,9 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from .errors import BudgetError, ConfigError, InputError
+from .explain import Explanation, explain_from_output
 
 __all__ = [
     "Kept",
@@ -159,6 +160,18 @@ class CompressedContext(BaseModel):
                             "title and text up to whitespace): scored, counted in tokens_in and kept once.")
     duplicate_sentences: int = Field(default=0, description="Sentences dropped as repeats of one in an earlier "
                                      "passage (overlapping retriever chunks).")
+    explanation: Explanation | None = Field(default=None, description="Per passage and sentence: what was kept "
+                                            "and why (``compress(..., explain=True)`` or :meth:`explain`).")
+    _explainer: Callable[[CompressedContext], Explanation] | None = PrivateAttr(default=None)
+
+    def explain(self) -> Explanation:
+        """What was kept and why, per passage and sentence (:mod:`compressor.explain`); computed on the first
+        call and kept in :attr:`explanation`."""
+        if self.explanation is None:
+            if self._explainer is None:
+                raise ConfigError("this result was not made by Compressor.compress, so it cannot explain itself")
+            self.explanation = self._explainer(self)
+        return self.explanation
 
     @property
     def ratio(self) -> float | None:
@@ -191,6 +204,7 @@ class Kept:
     stopped_by: StopReason | None = None
     duplicates: int = 0
     duplicate_sentences: int = 0
+    explain: Callable[[CompressedContext], Explanation] | None = None  # lazy; None: read off the output
 
 
 class IndexReport(BaseModel):
@@ -289,7 +303,11 @@ class Compressor(ABC):
     def __init__(self, counter: TokenCounter) -> None:
         self.counter = counter
 
-    def compress(self, query: str, passages: Any, budget: Budget | dict | None = None) -> CompressedContext:
+    def compress(self, query: str, passages: Any, budget: Budget | dict | None = None,
+                 explain: bool = False) -> CompressedContext:
+        """Compress ``passages`` for ``query`` within ``budget``. With ``explain`` the result carries, per passage
+        and sentence, what was kept and why (:attr:`CompressedContext.explanation`; computed after the timing,
+        so ``compress_s`` is the same either way)."""
         query = _check_query(query)
         plist = coerce_passages(passages)
         if budget is None:
@@ -312,7 +330,7 @@ class Compressor(ABC):
             if stopped_by not in ("granularity", "passed_through"):
                 stopped_by = "granularity"
             self.check_strict(budget, tokens_in, tokens_out, stopped_by)
-        return CompressedContext(
+        ctx = CompressedContext(
             method=self.name,
             kind=self.kind,
             query=query,
@@ -326,6 +344,10 @@ class Compressor(ABC):
             duplicates=kept.duplicates,
             duplicate_sentences=kept.duplicate_sentences,
         )
+        ctx._explainer = kept.explain or (lambda c: explain_from_output(c, plist, self.counter))
+        if explain:
+            ctx.explain()
+        return ctx
 
     @abstractmethod
     def _compress(self, query: str, passages: list[Passage], budget: Budget) -> list[CompressedPassage] | Kept:

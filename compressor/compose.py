@@ -22,6 +22,7 @@ from . import registry
 from . import sentinel as _sentinel  # noqa: F401
 from .base import Budget, Compressor, DecoderAdapter, Kept, Passage, TokenCounter
 from .errors import ConfigError
+from .explain import with_slots
 from .registry import CompressorSpec, get_spec, register_compressor
 
 __all__ = ["ComposedCompressor", "register_composition"]
@@ -58,12 +59,13 @@ class ComposedCompressor(Compressor):
         srcs = [cp for cp in kept.passages if cp.text and cp.text.strip()]
         if not srcs:
             return Kept([], stopped_by=kept.stopped_by, duplicates=kept.duplicates,
-                        duplicate_sentences=kept.duplicate_sentences)
+                        duplicate_sentences=kept.duplicate_sentences, explain=lambda ctx: with_slots(kept.explain(), ctx))
         soft = self.second.compress(query, [Passage(text=cp.text, title=cp.title) for cp in srcs], Budget())
         out = [src.model_copy(update={"text": cp.text, "embeds": cp.embeds, "tokens_out": cp.tokens_out})
                for src, cp in zip((srcs[p.index] for p in soft.passages), soft.passages, strict=True)]
         why = soft.stopped_by if soft.stopped_by in ("granularity", "passed_through") else kept.stopped_by
-        return Kept(out, stopped_by=why, duplicates=kept.duplicates, duplicate_sentences=kept.duplicate_sentences)
+        return Kept(out, stopped_by=why, duplicates=kept.duplicates, duplicate_sentences=kept.duplicate_sentences,
+                    explain=lambda ctx: with_slots(kept.explain(), ctx))
 
     def _index(self, passages: list[Passage]) -> tuple[int, int]:
         """The filter's per-passage cache (the slots depend on the question: query time, by text)."""

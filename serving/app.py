@@ -12,6 +12,7 @@ method, path and status.
 
 from __future__ import annotations
 
+import base64
 import hmac
 import json
 import re
@@ -34,6 +35,7 @@ from compressor.errors import BackendError, MissingExtraError, RagpressError, Un
 from compressor.models import load_tokenizer
 
 from .handler import ProxyHandler
+from .inspector import add_inspector
 from .limits import check_json
 from .metrics import Metrics
 from .openapi import openapi_schema
@@ -45,7 +47,7 @@ __all__ = ["ProxySettings", "create_app", "serve", "serve_in_thread"]
 
 
 def _error(e: ProxyError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+    headers = e.headers or ({"WWW-Authenticate": "Bearer"} if e.status == 401 else None)
     return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
@@ -212,13 +214,13 @@ def create_app(settings: ProxySettings | None = None, *, backend: DecoderBackend
     def check_key(request: Request) -> None:
         if not keys:
             return
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not given:
+        given = _given_key(request.headers.get("authorization", ""))
+        if not given:
             raise ProxyError(401, "no API key given; send it as 'Authorization: Bearer <key>' (the openai "
                              "client's api_key)", code="missing_api_key")
         ok = False
         for k in keys:  # compare against every key: the time taken does not say which one nearly matched
-            ok |= hmac.compare_digest(given.strip().encode(), k)
+            ok |= hmac.compare_digest(given.encode(), k)
         if not ok:
             raise ProxyError(401, "the API key is not valid for this proxy", code="invalid_api_key")
 
@@ -260,8 +262,24 @@ def create_app(settings: ProxySettings | None = None, *, backend: DecoderBackend
     async def metrics_() -> PlainTextResponse:
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
+    if settings.inspector:
+        add_inspector(app, handler, settings, check_key)
     app.add_middleware(_Metered, metrics=metrics)
     return app
+
+
+def _given_key(authorization: str) -> str | None:
+    """The key of an ``Authorization`` header: ``Bearer <key>``, or ``Basic`` with the key as the password (what
+    a browser sends for the inspector page after its login prompt); None when there is none."""
+    scheme, _, value = authorization.partition(" ")
+    if scheme.lower() == "bearer":
+        return value.strip() or None
+    if scheme.lower() == "basic":
+        try:
+            return base64.b64decode(value.strip(), validate=True).decode().partition(":")[2] or None
+        except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
+            return None
+    return None
 
 
 async def _call(fn: Any, *args: Any) -> Any:

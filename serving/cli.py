@@ -120,8 +120,10 @@ def _method_options(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_eval(args: argparse.Namespace) -> int:
     from adapters.datasets import DatasetSpec, make_spec
     from adapters.evaluate import EvalRequest, run_eval, write_eval
-    from compressor import Budget
+    from compressor import Budget, InputError
 
+    if getattr(args, "explain", False) and not args.out:
+        raise InputError("--explain writes each question's explanation into the .samples.jsonl beside --out; give --out")
     spec = make_spec(label=args.dataset, kind=args.dataset, path=args.path,
                      **{k: v for k, v in vars(args).items() if k in DatasetSpec.model_fields and k != "path"})
     req = _from_args(EvalRequest, args, dataset=spec, method=args.method, decoder=args.decoder,

@@ -29,6 +29,7 @@ from .protocol import (
     CompletionRequest,
     CompressionInfo,
     CompressionOptions,
+    InspectRequest,
     ProxyError,
 )
 from .upstream import Kind, Upstream
@@ -133,7 +134,7 @@ class ProxyHandler:
             check_documents(docs, self.counter, self.limits, True)  # off the event loop: it tokenizes
             with self._compress_lock:  # compressors hold models and caches; one call at a time
                 try:
-                    return comp.compress(docs.query, docs.passages, budget)
+                    return comp.compress(docs.query, docs.passages, budget, explain=bool(opts and opts.explain))
                 except BudgetError as e:  # a strict budget the method cannot meet: the client's to change
                     param = "compression.target_tokens" if budget.target_tokens is not None else "compression.ratio"
                     raise ProxyError(400, str(e), param=param, code="budget_unreachable") from None
@@ -145,7 +146,8 @@ class ProxyHandler:
                                     tokens_after=ctx.tokens_out, ratio=ctx.ratio, asked_ratio=ctx.asked_ratio,
                                     kind=ctx.kind, compression_ms=round(ms, 3),
                                     stopped_by=ctx.stopped_by, duplicates=ctx.duplicates,
-                                    duplicate_sentences=ctx.duplicate_sentences)
+                                    duplicate_sentences=ctx.duplicate_sentences,
+                                    explanation=[ctx.explanation] if ctx.explanation is not None else None)
 
     # -- endpoints -------------------------------------------------------------------------------------
     async def chat(self, req: ChatCompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
@@ -176,6 +178,14 @@ class ProxyHandler:
             raise InputError("prompt is an empty list; give at least one prompt")
         return await self._forward("completion", req, prompts, _merge(infos), rows)
 
+    async def inspect(self, req: InspectRequest) -> dict[str, Any]:
+        """Compress only, with the explanation (the inspector page): the ``compression`` block a chat request with
+        these documents would get, without decoding."""
+        docs = await anyio.to_thread.run_sync(extract_chat, [{"role": "user", "content": req.question}], req.documents)
+        opts = (req.compression or CompressionOptions()).model_copy(update={"explain": True})
+        _, info = await self._compress(docs, opts)
+        return {"compression": info.model_dump(mode="json")}
+
     async def models(self) -> dict[str, Any]:
         return {"object": "list", "data": await self.upstream.models()}
 
@@ -183,7 +193,7 @@ class ProxyHandler:
                        info: CompressionInfo, rows: list[dict[str, Any]]) -> dict[str, Any] | AsyncIterator[bytes]:
         """``rows``: per prompt (one for chat), the soft rows by splice mark (empty: text only)."""
         self.metrics.record_compression(info)
-        block = info.model_dump()
+        block = info.model_dump(mode="json", exclude={"explanation"} if info.explanation is None else None)
         soft = rows if any(rows) else None
         if not req.stream:
             return {**await self.upstream.complete(kind, req, payload, soft), "compression": block}
@@ -204,7 +214,9 @@ def _merge(infos: list[CompressionInfo]) -> CompressionInfo:
                            compression_ms=sum(i.compression_ms for i in infos),
                            stopped_by=",".join(sorted({i.stopped_by for i in infos if i.stopped_by})) or None,
                            duplicates=sum(i.duplicates for i in infos),
-                           duplicate_sentences=sum(i.duplicate_sentences for i in infos))
+                           duplicate_sentences=sum(i.duplicate_sentences for i in infos),
+                           explanation=[i.explanation[0] if i.explanation else None for i in infos]
+                           if any(i.explanation for i in infos) else None)
 
 
 async def _sse_stream(chunks: AsyncIterator[dict[str, Any]], block: dict[str, Any]) -> AsyncIterator[bytes]:

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from compressor.explain import Explanation
+
 __all__ = [
     "Document",
     "CompressionOptions",
@@ -21,6 +23,7 @@ __all__ = [
     "ChatCompletionRequest",
     "CompletionRequest",
     "CompressionInfo",
+    "InspectRequest",
     "Usage",
     "ErrorInfo",
     "ErrorResponse",
@@ -59,6 +62,9 @@ class CompressionOptions(BaseModel):
     strict: bool | None = Field(default=None, description="true: ratio / target_tokens is a hard cap, and a method "
                                 "that cannot get under it is a 400 naming the ratio it reaches; unset or false: a "
                                 "target, rounded to the method's granularity and reported (stopped_by).")
+    explain: bool = Field(default=False, description="true: the response's compression block carries "
+                          "'explanation', per document and sentence what was kept and why (span, score, kept, "
+                          "reason, tokens; soft methods: slots and ratio).")
 
     @model_validator(mode="after")
     def _one_budget(self) -> CompressionOptions:
@@ -160,6 +166,21 @@ class CompressionInfo(BaseModel):
     duplicates: int = Field(default=0, description="Documents merged into an earlier identical one (kept once).")
     duplicate_sentences: int = Field(default=0, description="Sentences dropped as repeats of an earlier "
                                      "document's (overlapping chunks).")
+    explanation: list[Explanation | None] | None = Field(
+        default=None, description="Only when the request asked compression.explain: per prompt (one for chat; null "
+        "for a prompt without documents), per document in the order found (body documents first, then marked ones) and per sentence, what was kept and "
+        "why (compressor.explain).")
+
+
+class InspectRequest(BaseModel):
+    """What the inspector page posts to ``/inspect/compress``: compress only, no decoding; the answer comes back
+    with its ``explanation``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    question: str = Field(min_length=1, description="The question the documents are compressed against.")
+    documents: list[str | Document] = Field(min_length=1, description="The passages, as in the body extension.")
+    compression: CompressionOptions | None = None
 
 
 class Usage(BaseModel):
@@ -183,9 +204,10 @@ class ProxyError(Exception):
     """An error with its HTTP status, leaving the proxy as an :class:`ErrorResponse`."""
 
     def __init__(self, status: int, message: str, type: str = "invalid_request_error", *,
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.headers = headers
         self.info = ErrorInfo(message=message, type=type, param=param, code=code)
 
     def body(self) -> dict[str, Any]:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..base import Budget, CompressedPassage, Compressor, Kept, Passage, TokenCounter
+from ..base import Budget, CompressedContext, CompressedPassage, Compressor, Kept, Passage, TokenCounter
 from ..errors import InputError
+from ..explain import Explanation, PassageExplanation, SentenceExplanation
 from ..text import refers_back, split_sentences, title_core, title_mentions
 
 __all__ = ["SentenceFilterConfig", "SentenceFilter", "Sentence", "select_sentences", "select_within_budget",
@@ -75,7 +77,8 @@ def select_within_budget(scores: np.ndarray, costs: list[int], max_tokens: int |
 def select_sentences(scores: np.ndarray, costs: list[int], max_tokens: int | None,
                      threshold: float | None = None, min_keep: int = 0, owner: list[int] | None = None,
                      links: list[list[int]] | None = None, follows: list[int] | None = None,
-                     close: float | None = None) -> tuple[list[int], Literal["budget", "threshold", "input"]]:
+                     close: float | None = None, reasons: dict[int, str] | None = None
+                     ) -> tuple[list[int], Literal["budget", "threshold", "input"]]:
     """Indices (ascending) of the sentences to keep: best score first while the summed cost fits
     ``max_tokens``; with ``threshold`` only sentences scoring at least that, except that the best ``min_keep``
     sentences that fit are kept whatever their score. Ties keep the earlier one.
@@ -92,7 +95,8 @@ def select_sentences(scores: np.ndarray, costs: list[int], max_tokens: int | Non
     answer may be there, named only by the pronoun). Both if they fit; one hop.
 
     Also returns why it stopped: ``"threshold"`` (the next sentence scored below ``threshold``), ``"input"``
-    (every sentence was kept) or ``"budget"`` (some did not fit)."""
+    (every sentence was kept) or ``"budget"`` (some did not fit). ``reasons``, when given, is filled with why
+    each sentence was kept (``score``, ``link``, ``back_reference``) or not (``budget``, ``threshold``)."""
     n = len(scores)
     if len(costs) != n or (owner is not None and len(owner) != n) or \
             (links is not None and (owner is None or len(links) != n)):
@@ -104,11 +108,15 @@ def select_sentences(scores: np.ndarray, costs: list[int], max_tokens: int | Non
     passages_kept: set[int] = set()
     used = 0
 
-    def take(i: int) -> bool:
+    why: dict[int, str] = {} if reasons is None else reasons
+
+    def take(i: int, reason: str = "score") -> bool:
         nonlocal used
         if i in kept or (max_tokens is not None and used + costs[i] > max_tokens):
+            why.setdefault(i, "budget")
             return False
         kept.add(i)
+        why[i] = reason
         used += costs[i]
         if owner is not None:
             passages_kept.add(owner[i])
@@ -131,15 +139,18 @@ def select_sentences(scores: np.ndarray, costs: list[int], max_tokens: int | Non
             continue  # a shorter, lower-ranked sentence may still fit
         if follows is not None:
             if follows[i] >= 0:
-                take(follows[i])
+                take(follows[i], "back_reference")
             for j in dependents.get(i, ()):
                 if close is not None and scores[j] >= scores[i] - close:
-                    take(j)
+                    take(j, "back_reference")
         for b in (links[i] if links is not None else ()):
             if b not in passages_kept:
                 for j in by_passage.get(b, ()):  # best first: the first that fits
-                    if take(j):
+                    if take(j, "link"):
                         break
+    for i in range(n):
+        if i not in kept:
+            why[i] = "threshold" if stopped and why.get(i) != "budget" else "budget"
     return sorted(kept), stopped or ("input" if len(kept) == n else "budget")
 
 
@@ -152,6 +163,9 @@ def passage_links(passages: list[Passage], sentences: list[Sentence]) -> list[li
     core = [(title_core(p.title) or "").casefold() for p in passages]
     return [[int(b) for b in np.nonzero(row)[0] if core[b] != core[s.passage]]
             for s, row in zip(sentences, names)]
+
+
+_KEPT = frozenset({"score", "link", "back_reference", "granularity", "input"})
 
 
 class SentenceFilter(Compressor):
@@ -193,7 +207,8 @@ class SentenceFilter(Compressor):
             # documented no-op: the budget holds the whole (repeat-free) input
             kept = self._verbatim(unique, where, sents) if len(idx) == len(sents) else \
                 self._assemble(unique, where, sents, idx, np.zeros(len(sents)), max_tokens)
-            return Kept(kept, stopped_by="input", **merged)
+            return Kept(kept, stopped_by="input", **merged,
+                        explain=self._explainer(passages, where, sents, first, None, dict.fromkeys(idx, "input")))
         scores = np.asarray(self.score_sentences(query, unique, sents), dtype=np.float64)
         for i, f in enumerate(first):  # a repeated sentence is kept once, at its first copy, with its best score
             scores[f] = max(scores[f], scores[i])
@@ -205,17 +220,62 @@ class SentenceFilter(Compressor):
             links = dict(owner=[sents[i].passage for i in idx], links=[named[i] for i in idx])
         if self.config.back_references:
             links.update(self._back_references(sents, idx, first, scores))
+        reasons: dict[int, str] = {}
         if not self.config.stops_early(budget):
-            keep, why = select_sentences(scores[idx], costs, max_tokens, budget.threshold, **links)
+            keep, why = select_sentences(scores[idx], costs, max_tokens, budget.threshold, **links, reasons=reasons)
         else:
-            keep, why = select_sentences(scores[idx], costs, max_tokens, self.config.min_score, min_keep=1, **links)
+            keep, why = select_sentences(scores[idx], costs, max_tokens, self.config.min_score, min_keep=1, **links,
+                                         reasons=reasons)
             why = "min_score" if why == "threshold" else why
+            reasons = {k: "min_score" if r == "threshold" else r for k, r in reasons.items()}
+        reasons = {idx[k]: r for k, r in reasons.items()}
         kept = self._assemble(unique, where, sents, [idx[k] for k in keep], scores, max_tokens)
         if sum(len(p.sentence_ids) for p in kept) < len(keep):  # the joined text ran over: the weakest went
             why = "budget"
         if not kept and idx and why == "budget":  # no sentence fits: the target rounds up to one sentence
             kept, why = self._one_sentence(unique, where, sents, idx, scores, max_tokens, tokens_in, budget)
-        return Kept(kept, stopped_by=why, **merged)
+            best = (kept[0].index, kept[0].sentence_ids[0])
+            reasons.update({i: "granularity" for i in idx if (where[sents[i].passage], sents[i].index) == best
+                            and why == "granularity"})
+        return Kept(kept, stopped_by=why, **merged,
+                    explain=self._explainer(passages, where, sents, first, scores, reasons))
+
+    def _explainer(self, passages: list[Passage], where: list[int], sents: list[Sentence], first: list[int],
+                   scores: np.ndarray | None, reasons: dict[int, str]) -> Callable[[CompressedContext], Explanation]:
+        """The lazy explanation of one compression (:mod:`compressor.explain`): ``sents`` are the repeat-free
+        passages' sentences (unique passage ``p`` is input passage ``where[p]``), ``reasons`` why the selection
+        kept or left each one. A sentence the result does not hold after all was dropped when the joined text ran
+        over the budget."""
+
+        def explain(ctx: CompressedContext) -> Explanation:
+            held = {(cp.index, k) for cp in ctx.passages for k in cp.sentence_ids}
+            out_tokens = {cp.index: cp.tokens_out for cp in ctx.passages}
+            per: dict[int, list[SentenceExplanation]] = {}
+            for i, s in enumerate(sents):
+                at, kept = where[s.passage], (where[s.passage], s.index) in held
+                if first[i] != i:
+                    reason = "duplicate"
+                elif kept:
+                    reason = reasons[i] if reasons.get(i) in _KEPT else "score"
+                else:
+                    reason = "budget" if reasons.get(i, "budget") in _KEPT else reasons[i]
+                per.setdefault(at, []).append(SentenceExplanation(
+                    sentence=s.index, span=(s.start, s.end), tokens=s.tokens, kept=kept, reason=reason,
+                    coverage=1.0 if kept else 0.0, score=None if scores is None else round(float(scores[i]), 6)))
+            firsts = {(p.title, " ".join(p.text.split())): where[k] for k, p in enumerate(passages[w] for w in where)}
+            out = []
+            for i, p in enumerate(passages):
+                dup = firsts[(p.title, " ".join(p.text.split()))]
+                n_in, n_out = self.counter.count(p.text), out_tokens.get(i, 0)
+                rows = per.get(i, []) if dup == i else [
+                    e.model_copy(update={"kept": False, "reason": "duplicate", "coverage": 0.0})
+                    for e in per.get(dup, [])]
+                out.append(PassageExplanation(index=i, id=p.id, title=p.title, tokens_in=n_in, tokens_out=n_out,
+                                              ratio=n_in / n_out if n_out else None,
+                                              duplicate_of=None if dup == i else dup, sentences=rows))
+            return Explanation(method=ctx.method, kind=ctx.kind, scored=scores is not None, passages=out)
+
+        return explain
 
     def _one_sentence(self, passages, where, sents, idx, scores, max_tokens, tokens_in, budget) -> tuple[list, str]:
         """A sentence filter's granularity: the best sentence that fits alone (the join reservation aside), or

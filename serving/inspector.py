@@ -1,0 +1,81 @@
+"""The inspector page: see what a compression kept, in a browser, on the running proxy.
+
+``GET /inspect`` serves one static page (``serving/static/``: HTML, a stylesheet and a script, no build step and
+nothing fetched from elsewhere, so it works offline). The page reads ``/inspect/config`` (the methods served
+here) and ``/inspect/examples`` (bundled benchmark questions), posts to ``/inspect/compress`` (compress only,
+with the explanation: :meth:`~serving.handler.ProxyHandler.inspect`) and, to answer, to
+``/v1/chat/completions`` twice: full context (``compression.enabled: false``) and compressed.
+
+Same keys as the API. Where keys are set, the page routes answer 401 with a ``Basic`` challenge, so a browser
+asks for the key (any user name, the key as password); the API accepts that header too, and the page also
+takes a key typed into it (sent as ``Bearer``). ``--no-inspector`` leaves every route here out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from .handler import ProxyHandler
+from .protocol import InspectRequest, ProxyError
+from .settings import ProxySettings
+
+__all__ = ["add_inspector", "STATIC"]
+
+STATIC = Path(__file__).parent / "static"
+_TYPES = {"inspect.html": "text/html; charset=utf-8", "inspect.js": "text/javascript; charset=utf-8",
+          "inspect.css": "text/css; charset=utf-8", "examples.json": "application/json"}
+# Only this origin's own files: no inline script, no CDN, no framing by another site.
+_HEADERS = {"Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' "
+            "data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+            "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache"}
+
+
+def add_inspector(app: FastAPI, handler: ProxyHandler, settings: ProxySettings,
+                  check_key: Callable[[Request], None]) -> None:
+    """Add the inspector's routes to ``app``, behind ``check_key`` (the API's key check)."""
+    files = {name: (STATIC / name).read_bytes() for name in _TYPES}  # read once: a missing file fails at start-up
+
+    def page_key(request: Request) -> None:
+        try:
+            check_key(request)
+        except ProxyError as e:  # a browser shows its login prompt for a Basic challenge
+            e.headers = {"WWW-Authenticate": 'Basic realm="ragpress inspector", charset="UTF-8"'}
+            raise
+
+    secured = [Depends(page_key)]
+
+    def static(name: str) -> Response:
+        return Response(files[name], media_type=_TYPES[name], headers=_HEADERS)
+
+    @app.get("/inspect", dependencies=secured, include_in_schema=False)
+    async def page() -> Response:
+        return static("inspect.html")
+
+    @app.get("/inspect/inspect.js", dependencies=secured, include_in_schema=False)
+    async def script() -> Response:
+        return static("inspect.js")
+
+    @app.get("/inspect/inspect.css", dependencies=secured, include_in_schema=False)
+    async def style() -> Response:
+        return static("inspect.css")
+
+    @app.get("/inspect/examples", dependencies=secured, include_in_schema=False)
+    async def examples() -> Response:
+        return static("examples.json")
+
+    @app.get("/inspect/config", dependencies=secured, include_in_schema=False)
+    async def config() -> dict[str, Any]:
+        return {"methods": handler.served_methods(), "method": settings.method, "ratio": settings.ratio,
+                "model": settings.served_model_name or settings.model, "auth": bool(settings.api_keys)}
+
+    @app.post("/inspect/compress", dependencies=secured, include_in_schema=False)
+    async def compress(request: Request) -> Response:
+        from .app import _call, _read_json, _validate
+
+        req = _validate(InspectRequest, await _read_json(request, settings.max_body_bytes))
+        return JSONResponse(await _call(handler.inspect, req))
