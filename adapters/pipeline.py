@@ -78,8 +78,10 @@ class RAGPipeline:
         self.builder = self.backend.prompt_builder(template)
         self.params = params or GenerationParams()
 
-    def compress(self, query: str, passages: Sequence[Any], budget: Budget | dict | None = None) -> CompressedContext:
-        return self.compressor.compress(query, passages, budget if budget is not None else self.budget)
+    def compress(self, query: str, passages: Sequence[Any], budget: Budget | dict | None = None,
+                 explain: bool = False) -> CompressedContext:
+        """Compress only; ``explain`` adds what was kept and why (``ctx.explanation``)."""
+        return self.compressor.compress(query, passages, budget if budget is not None else self.budget, explain=explain)
 
     def answer(self, query: str, passages: Sequence[Any], budget: Budget | dict | None = None) -> Answer:
         return self.answer_batch([(query, passages)], budget)[0]

@@ -21,6 +21,7 @@ from .errors import (
     RagpressError,
     UnknownNameError,
 )
+from .explain import Explanation, PassageExplanation, SentenceExplanation
 from .prompt import Prompt, PromptBuilder, PromptTemplate
 from .registry import available_compressors, get_compressor, get_spec, register_compressor
 
@@ -33,15 +34,18 @@ __all__ = [
     "CompressedPassage",
     "Compressor",
     "ConfigError",
+    "Explanation",
     "IndexReport",
     "InputError",
     "MissingExtraError",
     "ModelNotAvailableError",
     "Passage",
+    "PassageExplanation",
     "Prompt",
     "PromptBuilder",
     "PromptTemplate",
     "RagpressError",
+    "SentenceExplanation",
     "TokenCounter",
     "UnknownNameError",
     "available_compressors",

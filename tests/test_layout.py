@@ -19,7 +19,7 @@ def test_public_api_is_pinned():
 
     assert sorted(compressor.__all__) == sorted([
         "ArtifactError", "BaseModelMismatchError", "Budget", "BudgetError", "CompressedContext", "CompressedPassage",
-        "Compressor", "ConfigError", "IndexReport", "InputError", "MissingExtraError", "ModelNotAvailableError", "Passage",
+        "Compressor", "ConfigError", "Explanation", "PassageExplanation", "SentenceExplanation", "IndexReport", "InputError", "MissingExtraError", "ModelNotAvailableError", "Passage",
         "Prompt", "PromptBuilder", "PromptTemplate", "RagpressError", "TokenCounter", "UnknownNameError",
         "available_compressors", "get_compressor", "get_spec", "register_compressor",
     ])

@@ -145,6 +145,7 @@ async function run(ev) {
   const compression = { method: $("method").value };
   if (!Number.isNaN(ratio)) compression.ratio = ratio;
   $("run").disabled = true;
+  $("results").dataset.done = "";
   try {
     if (!state.config && !(await loadSettings())) return;
     setStatus("Compressing…");
