@@ -9,7 +9,16 @@ from . import reference as _reference  # noqa: F401  (registers none / no_contex
 from . import sentinel as _sentinel  # noqa: F401  (registers sentinel)
 from . import xrag as _xrag  # noqa: F401  (registers xrag when its trained bridge ships)
 from ._version import __version__  # noqa: F401  (compressor.__version__; families read ._version)
-from .base import Budget, CompressedContext, CompressedPassage, Compressor, IndexReport, Passage, TokenCounter
+from .base import (
+    Budget,
+    CompressedContext,
+    CompressedPassage,
+    Compressor,
+    CompressRequest,
+    IndexReport,
+    Passage,
+    TokenCounter,
+)
 from .errors import (
     ArtifactError,
     BaseModelMismatchError,
@@ -32,6 +41,7 @@ __all__ = [
     "BudgetError",
     "CompressedContext",
     "CompressedPassage",
+    "CompressRequest",
     "Compressor",
     "ConfigError",
     "Explanation",

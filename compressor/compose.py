@@ -20,7 +20,16 @@ from typing import Any
 from . import icae as _icae  # noqa: F401  (the families composed here register first)
 from . import registry
 from . import sentinel as _sentinel  # noqa: F401
-from .base import Budget, Compressor, DecoderAdapter, Kept, Passage, TokenCounter
+from .base import (
+    Budget,
+    CompressedContext,
+    CompressedPassage,
+    Compressor,
+    DecoderAdapter,
+    Kept,
+    Passage,
+    TokenCounter,
+)
 from .errors import ConfigError
 from .explain import with_slots
 from .registry import CompressorSpec, get_spec, register_compressor
@@ -56,16 +65,18 @@ class ComposedCompressor(Compressor):
 
     def _compress(self, query: str, passages: list[Passage], budget: Budget) -> Kept:
         kept = self.first.compress(query, passages, self.filter_budget(budget))
-        srcs = [cp for cp in kept.passages if cp.text and cp.text.strip()]
-        if not srcs:
-            return Kept([], stopped_by=kept.stopped_by, duplicates=kept.duplicates,
-                        duplicate_sentences=kept.duplicate_sentences, explain=lambda ctx: with_slots(kept.explain(), ctx))
-        soft = self.second.compress(query, [Passage(text=cp.text, title=cp.title) for cp in srcs], Budget())
-        out = [src.model_copy(update={"text": cp.text, "embeds": cp.embeds, "tokens_out": cp.tokens_out})
-               for src, cp in zip((srcs[p.index] for p in soft.passages), soft.passages, strict=True)]
-        why = soft.stopped_by if soft.stopped_by in ("granularity", "passed_through") else kept.stopped_by
-        return Kept(out, stopped_by=why, duplicates=kept.duplicates, duplicate_sentences=kept.duplicate_sentences,
-                    explain=lambda ctx: with_slots(kept.explain(), ctx))
+        srcs = _sources(kept)
+        soft = self.second.compress(query, _as_passages(srcs), Budget()) if srcs else None
+        return _joined(kept, srcs, soft)
+
+    def _compress_batch(self, items: list[tuple[str, list[Passage], Budget]]) -> list[Kept]:
+        """The filter over the whole batch in one call, then the encoder over every kept text in one call."""
+        kept = self.first.compress_batch([(q, ps, self.filter_budget(b)) for q, ps, b in items])
+        srcs = [_sources(k) for k in kept]
+        todo = [i for i, s in enumerate(srcs) if s]
+        softs = dict(zip(todo, self.second.compress_batch([(items[i][0], _as_passages(srcs[i]), Budget())
+                                                           for i in todo]), strict=True))
+        return [_joined(k, s, softs.get(i)) for i, (k, s) in enumerate(zip(kept, srcs, strict=True))]
 
     def _index(self, passages: list[Passage]) -> tuple[int, int]:
         """The filter's per-passage cache (the slots depend on the question: query time, by text)."""
@@ -77,6 +88,27 @@ class ComposedCompressor(Compressor):
 
     def decoder_adapter(self) -> DecoderAdapter | None:
         return self.second.decoder_adapter()
+
+
+def _sources(kept: CompressedContext) -> list[CompressedPassage]:
+    """The filter's kept passages with text: what the encoder compresses."""
+    return [cp for cp in kept.passages if cp.text and cp.text.strip()]
+
+
+def _as_passages(srcs: list[CompressedPassage]) -> list[Passage]:
+    return [Passage(text=cp.text, title=cp.title) for cp in srcs]  # type: ignore[arg-type]
+
+
+def _joined(kept: CompressedContext, srcs: list[CompressedPassage], soft: CompressedContext | None) -> Kept:
+    """The filter's kept passages (spans, sentence ids, input positions) carrying the encoder's slots."""
+    merged = {"duplicates": kept.duplicates, "duplicate_sentences": kept.duplicate_sentences,
+              "explain": lambda ctx: with_slots(kept.explain(), ctx)}
+    if soft is None:
+        return Kept([], stopped_by=kept.stopped_by, **merged)
+    out = [src.model_copy(update={"text": cp.text, "embeds": cp.embeds, "tokens_out": cp.tokens_out})
+           for src, cp in zip((srcs[p.index] for p in soft.passages), soft.passages, strict=True)]
+    why = soft.stopped_by if soft.stopped_by in ("granularity", "passed_through") else kept.stopped_by
+    return Kept(out, stopped_by=why, **merged)
 
 
 def register_composition(first: str, second: str, description: str | None = None) -> CompressorSpec:

@@ -34,6 +34,7 @@ from compressor.base import TokenCounter
 from compressor.errors import BackendError, MissingExtraError, RagpressError, UnknownNameError
 from compressor.models import load_tokenizer
 
+from .batching import CompressionBatcher
 from .handler import ProxyHandler
 from .inspector import add_inspector
 from .limits import check_json
@@ -197,7 +198,9 @@ def create_app(settings: ProxySettings | None = None, *, backend: DecoderBackend
     upstream, tokenizer = _build_upstream(settings, backend, transport)
     metrics = Metrics()
     handler = ProxyHandler(upstream, TokenCounter.from_tokenizer(tokenizer), method=settings.method,
-                           budget=settings.budget(), metrics=metrics, limits=settings.limits())
+                           budget=settings.budget(), metrics=metrics, limits=settings.limits(),
+                           batcher=CompressionBatcher(settings.batch_max_size, settings.batch_max_wait_ms))
+    metrics.batcher = handler.batcher
     keys = [k.encode() for k in settings.api_keys]
 
     @asynccontextmanager

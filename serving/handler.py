@@ -21,6 +21,7 @@ from compressor.errors import ArtifactError, BudgetError, ConfigError, InputErro
 from compressor.prompt import with_marks
 from compressor.registry import available_compressors, get_spec
 
+from .batching import CompressionBatcher
 from .documents import ExtractedDocs, extract_chat, extract_prompt, render_chat, render_prompt
 from .limits import InputLimits, check_documents
 from .metrics import Metrics
@@ -55,7 +56,7 @@ class ProxyHandler:
 
     def __init__(self, upstream: Upstream, counter: TokenCounter, method: str = "bm25",
                  budget: Budget | None = None, metrics: Metrics | None = None,
-                 limits: InputLimits | None = None) -> None:
+                 limits: InputLimits | None = None, batcher: CompressionBatcher | None = None) -> None:
         self.upstream = upstream
         self.counter = counter
         self.method = method
@@ -64,7 +65,7 @@ class ProxyHandler:
         self.limits = limits or InputLimits()
         self._compressors: dict[str, Compressor] = {}
         self._build_lock = threading.Lock()
-        self._compress_lock = threading.Lock()
+        self.batcher = batcher or CompressionBatcher()  # compressors hold models and caches: one call at a time
         try:
             self.compressor(method)
         except ProxyError as e:  # a bad default fails at start-up, as one line
@@ -129,18 +130,13 @@ class ProxyHandler:
                                          tokens_before=n, tokens_after=n, ratio=1.0 if n else None,
                                          compression_ms=0.0)
         budget = self._budget(opts)
-
-        def run() -> CompressedContext:
-            check_documents(docs, self.counter, self.limits, True)  # off the event loop: it tokenizes
-            with self._compress_lock:  # compressors hold models and caches; one call at a time
-                try:
-                    return comp.compress(docs.query, docs.passages, budget, explain=bool(opts and opts.explain))
-                except BudgetError as e:  # a strict budget the method cannot meet: the client's to change
-                    param = "compression.target_tokens" if budget.target_tokens is not None else "compression.ratio"
-                    raise ProxyError(400, str(e), param=param, code="budget_unreachable") from None
-
         t0 = time.perf_counter()
-        ctx = await anyio.to_thread.run_sync(run)
+        await anyio.to_thread.run_sync(check_documents, docs, self.counter, self.limits, True)  # it tokenizes
+        try:  # gathered with concurrent requests for up to the batcher's wait, compressed together
+            ctx = await self.batcher.compress(comp, docs.query, docs.passages, budget, bool(opts and opts.explain))
+        except BudgetError as e:  # a strict budget the method cannot meet: the client's to change
+            param = "compression.target_tokens" if budget.target_tokens is not None else "compression.ratio"
+            raise ProxyError(400, str(e), param=param, code="budget_unreachable") from None
         ms = (time.perf_counter() - t0) * 1000
         return ctx, CompressionInfo(method=ctx.method, enabled=True, documents=len(docs), tokens_before=ctx.tokens_in,
                                     tokens_after=ctx.tokens_out, ratio=ctx.ratio, asked_ratio=ctx.asked_ratio,

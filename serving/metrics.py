@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict, deque
+from typing import Any
 
 from .protocol import CompressionInfo
 
@@ -31,6 +32,7 @@ class Metrics:
         self.tokens_before = 0
         self.tokens_after = 0
         self.compression_s = 0.0
+        self.batcher: Any = None  # the handler's CompressionBatcher: batches made and requests they carried
 
     def record_request(self, path: str, status: int, seconds: float) -> None:
         endpoint = path if path in ENDPOINTS else "other"
@@ -80,4 +82,13 @@ class Metrics:
                 "# TYPE ragpress_compression_seconds_total counter",
                 f"ragpress_compression_seconds_total {self.compression_s:.6f}",
             ]
+            if self.batcher is not None:
+                lines += [
+                    "# HELP ragpress_compress_batches_total Compression calls (each one batch of requests).",
+                    "# TYPE ragpress_compress_batches_total counter",
+                    f"ragpress_compress_batches_total {self.batcher.batches}",
+                    "# HELP ragpress_compress_batched_requests_total Requests those calls compressed.",
+                    "# TYPE ragpress_compress_batched_requests_total counter",
+                    f"ragpress_compress_batched_requests_total {self.batcher.batched}",
+                ]
         return "\n".join(lines) + "\n"

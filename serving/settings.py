@@ -43,6 +43,10 @@ class ProxySettings(BaseModel):
     default_max_tokens: int = Field(default=256, ge=1, le=4096, description="In-process max_tokens default.")
     max_documents: int = Field(default=256, ge=1, le=100_000, description="Documents per request (400 over).")
     max_document_tokens: int = Field(default=32_768, ge=1, description="Document tokens per request (400 over).")
+    batch_max_size: int = Field(default=8, ge=1, le=256, description="Concurrent requests compressed together in "
+                                "one batch at most (1: no batching).")
+    batch_max_wait_ms: float = Field(default=5.0, ge=0.0, le=1000.0, description="How long a request waits for "
+                                     "others to batch with, at most (ms).")
     inspector: bool = Field(default=True, description="Serve the inspector page at /inspect (behind the same API "
                             "keys; --no-inspector turns it off).")
     max_sentence_tokens: int = Field(default=4_096, ge=16, description="Longest sentence compressed (400 over).")

@@ -18,7 +18,7 @@ def test_public_api_is_pinned():
     import compressor
 
     assert sorted(compressor.__all__) == sorted([
-        "ArtifactError", "BaseModelMismatchError", "Budget", "BudgetError", "CompressedContext", "CompressedPassage",
+        "ArtifactError", "BaseModelMismatchError", "Budget", "BudgetError", "CompressedContext", "CompressedPassage", "CompressRequest",
         "Compressor", "ConfigError", "Explanation", "PassageExplanation", "SentenceExplanation", "IndexReport", "InputError", "MissingExtraError", "ModelNotAvailableError", "Passage",
         "Prompt", "PromptBuilder", "PromptTemplate", "RagpressError", "TokenCounter", "UnknownNameError",
         "available_compressors", "get_compressor", "get_spec", "register_compressor",

@@ -225,7 +225,8 @@ def test_capture_is_linear_in_length(tiny_reader):
         f = tiny_reader.features("q?", PASSAGES, _spans(PASSAGES))
     finally:
         P._Capture.__init__ = orig
-    assert all(tuple(r.shape) == (4, f.prompt_tokens) for rows in seen[0].rows.values() for r in rows)
+    assert all(tuple(r.shape) == (4, f.prompt_tokens)  # per layer, per batch element, per group
+               for per_item in seen[0].rows.values() for rows in per_item for r in rows)
 
 
 LONG = [Passage(title=f"Town {k}", text=" ".join(f"Town {k} fact {j} is about the river and the old mill."
@@ -274,7 +275,9 @@ def test_long_context_is_read_in_windows(tiny_reader, monkeypatch):
         ps, sp = tiny_reader._window(LONG, spans, w)
         alone = tiny_reader.features(q, ps, sp)
         assert len(alone.x) == sum(b - a for _, a, b in w)
-        np.testing.assert_allclose(got.x[row: row + len(alone.x), :att], alone.x[:, :att], rtol=1e-4, atol=1e-4)
+        # the windows go through one right-padded pass: float32 rounding of the padded kernels moves a z-scored
+        # log-attention feature by up to ~2e-4 (measured), not more
+        np.testing.assert_allclose(got.x[row: row + len(alone.x), :att], alone.x[:, :att], rtol=1e-3, atol=1e-3)
         row += len(alone.x)
     assert row == len(got.x)
 

@@ -168,6 +168,22 @@ def passage_links(passages: list[Passage], sentences: list[Sentence]) -> list[li
 _KEPT = frozenset({"score", "link", "back_reference", "granularity", "input"})
 
 
+@dataclass
+class _Plan:
+    """One question between :meth:`SentenceFilter._plan` and :meth:`SentenceFilter._select`."""
+
+    passages: list[Passage]
+    budget: Budget
+    tokens_in: int
+    max_tokens: int | None
+    unique: list[Passage]
+    where: list[int]
+    sents: list[Sentence]
+    first: list[int]
+    idx: list[int]
+    merged: dict[str, int]
+
+
 class SentenceFilter(Compressor):
     """Base of the sentence filters: subclasses implement :meth:`score_sentences`."""
 
@@ -190,7 +206,31 @@ class SentenceFilter(Compressor):
     def score_sentences(self, query: str, passages: list[Passage], sentences: list[Sentence]) -> np.ndarray:
         """One relevance score per sentence (higher keeps first)."""
 
+    def score_batch(self, items: list[tuple[str, list[Passage], list[Sentence]]]) -> list[np.ndarray]:
+        """Scores of several questions' sentences (``(query, passages, sentences)`` each), as
+        :meth:`score_sentences` gives them; filters that gain by batching (one embedding batch) override it."""
+        return [self.score_sentences(q, p, s) for q, p, s in items]
+
     def _compress(self, query: str, passages: list[Passage], budget: Budget) -> Kept:
+        plan = self._plan(query, passages, budget)
+        if isinstance(plan, Kept):
+            return plan
+        return self._select(plan, self.score_sentences(query, plan.unique, plan.sents))
+
+    def _compress_batch(self, items: list[tuple[str, list[Passage], Budget]]) -> list[Kept]:
+        """Every question planned, the sentences of all that need scores scored in one :meth:`score_batch`, then
+        each selected as :meth:`_compress` selects."""
+        plans = [self._plan(*it) for it in items]
+        todo = [k for k, p in enumerate(plans) if isinstance(p, _Plan)]
+        scores = self.score_batch([(items[k][0], plans[k].unique, plans[k].sents) for k in todo]) if todo else []
+        out: list[Any] = list(plans)
+        for k, sc in zip(todo, scores, strict=True):
+            out[k] = self._select(plans[k], sc)
+        return out
+
+    def _plan(self, query: str, passages: list[Passage], budget: Budget) -> _Plan | Kept:
+        """Everything before scoring: repeats merged, sentences split and counted, the budget in tokens; a
+        :class:`Kept` already when the budget holds the whole input (nothing to score)."""
         tokens_in = sum(self.counter.count(p.text) for p in passages)  # repeats count: the user sent them
         if budget.ratio is None and budget.target_tokens is None and budget.threshold is None:
             budget = budget.model_copy(update={"ratio": self.config.default_ratio, "strict": False})  # not asked
@@ -209,7 +249,13 @@ class SentenceFilter(Compressor):
                 self._assemble(unique, where, sents, idx, np.zeros(len(sents)), max_tokens)
             return Kept(kept, stopped_by="input", **merged,
                         explain=self._explainer(passages, where, sents, first, None, dict.fromkeys(idx, "input")))
-        scores = np.asarray(self.score_sentences(query, unique, sents), dtype=np.float64)
+        return _Plan(passages, budget, tokens_in, max_tokens, unique, where, sents, first, idx, merged)
+
+    def _select(self, plan: _Plan, raw_scores: np.ndarray) -> Kept:
+        """The kept sentences of a planned question, given its sentences' scores."""
+        passages, budget, tokens_in, max_tokens = plan.passages, plan.budget, plan.tokens_in, plan.max_tokens
+        unique, where, sents, first, idx, merged = plan.unique, plan.where, plan.sents, plan.first, plan.idx, plan.merged
+        scores = np.asarray(raw_scores, dtype=np.float64).copy()
         for i, f in enumerate(first):  # a repeated sentence is kept once, at its first copy, with its best score
             scores[f] = max(scores[f], scores[i])
         # Reserve one token per kept sentence for the joining space so the joined text fits too.

@@ -24,15 +24,30 @@ class MiniLMFilter(SentenceFilter):
     name = "minilm"
     config: MiniLMFilterConfig
 
+    def _docs(self, passages: list[Passage], sentences: list[Sentence]) -> list[str]:
+        return [f"{passages[s.passage].title}: {s.text}" if self.config.title_in_score and passages[s.passage].title
+                else s.text for s in sentences]
+
     def score_sentences(self, query: str, passages: list[Passage], sentences: list[Sentence]) -> np.ndarray:
         from ..embed import get_embedder
 
         if not sentences:
             return np.zeros(0)
-        emb = get_embedder(self.config.embedder)
-        docs = [f"{passages[s.passage].title}: {s.text}" if self.config.title_in_score and passages[s.passage].title
-                else s.text for s in sentences]
-        return emb.similarity(query, docs)
+        return get_embedder(self.config.embedder).similarity(query, self._docs(passages, sentences))
+
+    def score_batch(self, items: list[tuple[str, list[Passage], list[Sentence]]]) -> list[np.ndarray]:
+        """Every question and sentence of the batch embedded in one call (the encoder batches by length across
+        questions); cosines as :meth:`score_sentences` gives them, up to float32 rounding of other padding."""
+        from ..embed import get_embedder
+
+        texts: list[str] = []
+        spans = []
+        for query, passages, sentences in items:
+            docs = self._docs(passages, sentences)
+            spans.append((len(texts), len(docs)))
+            texts += [query, *docs]
+        v = get_embedder(self.config.embedder).encode(texts)
+        return [(v[a + 1:a + 1 + n] @ v[a]).numpy().astype("float64") for a, n in spans]
 
 
 def _make(counter: TokenCounter, **options) -> MiniLMFilter:

@@ -300,7 +300,9 @@ class ICAECompressor(Compressor):
     @torch.no_grad()
     def passage_slots(self, texts: list[str]) -> list[torch.Tensor]:
         """Rows of each passage text: from the cache where present, the rest encoded now (and stored)."""
-        out: list[torch.Tensor | None] = [self.cache.get(t) if self.cache else None for t in texts]
+        memo = self._batch_rows or {}
+        out: list[torch.Tensor | None] = [memo[t] if t in memo else self.cache.get(t) if self.cache else None
+                                          for t in texts]
         miss = [i for i, o in enumerate(out) if o is None]
         if miss:
             fresh = self.encoder.encode_passages([self._tokens(texts[i]) for i in miss], self.config.encode_batch_size)
@@ -333,6 +335,19 @@ class ICAECompressor(Compressor):
     def run_stats(self) -> dict[str, Any]:
         return {"trained": self.trained, "encoded_passages": self.encoded_passages,
                 "slot_cache_hits": self.cache.hits if self.cache else None}
+
+    _batch_rows: dict[str, torch.Tensor] | None = None
+
+    def _compress_batch(self, items: list[tuple[str, list[Passage], Budget]]) -> list[Kept]:
+        """Every passage of the batch that needs slots encoded together (``encode_batch_size`` at a time,
+        repeats once), then each question assembled as :meth:`_compress` does."""
+        texts = list(dict.fromkeys(p.text for _, ps, _ in items for p in ps
+                                   if self.config.rows_for(n := len(self._tokens(p.text))) < n))
+        try:
+            self._batch_rows = dict(zip(texts, self.passage_slots(texts), strict=True)) if texts else {}
+            return [self._compress(q, ps, b) for q, ps, b in items]
+        finally:
+            self._batch_rows = None
 
     def _compress(self, query: str, passages: list[Passage], budget: Budget) -> Kept:
         """Slots per passage, in order. A passage no longer than its slots would be (1 token) passes as text;

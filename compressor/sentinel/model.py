@@ -95,6 +95,21 @@ class SentinelCompressor(SentenceFilter):
             return scores
         return self.reranker(query, passages, [s.passage for s in sentences], [s.text for s in sentences], scores)
 
+    def score_batch(self, items: list[tuple[str, list[Passage], list[Sentence]]]) -> list[np.ndarray]:
+        """Several questions' sentences: their proxy windows in padded batches and, without a cache, their
+        sentence embeddings in one call (:meth:`AttentionReader.features_batch`); then the probe per question."""
+        todo = [k for k, (_, _, sents) in enumerate(items) if sents]
+        feats = self.attention.features_batch(
+            [(items[k][0], items[k][1], _spans_by_passage(items[k][1], items[k][2])) for k in todo],
+            layers=self.config.layers, layout=self.layout) if todo else []
+        out = [np.zeros(0) for _ in items]
+        for k, f in zip(todo, feats, strict=True):
+            query, passages, sentences = items[k]
+            scores = self.probe(f.x.astype(np.float64))
+            out[k] = scores if self.reranker is None else self.reranker(
+                query, passages, [s.passage for s in sentences], [s.text for s in sentences], scores)
+        return out
+
     # -- artifact ---------------------------------------------------------------------------------------
     def save_pretrained(self, directory: str | Path, training: dict[str, Any] | None = None,
                         scores: dict[str, Any] | None = None, card: str = "") -> Path:

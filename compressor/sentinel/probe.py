@@ -46,9 +46,13 @@ class _EarlyExit(Exception):
 
 @dataclass
 class _Capture:
-    groups: list[torch.Tensor]  # query positions, one group per feature block; rows are averaged per group
+    """Per batch element, its groups of query positions (one group per feature block; rows are averaged per
+    group) and its length without padding; per layer, per element, per group, the ``[heads, length]`` rows."""
+
+    groups: list[list[torch.Tensor]]
+    lengths: list[int]
     max_layers: int
-    rows: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    rows: dict[int, list[list[torch.Tensor]]] = field(default_factory=dict)
 
 
 def _probe_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
@@ -57,29 +61,32 @@ def _probe_attention(module, query, key, value, attention_mask, dropout: float =
     cap = _CAPTURE.get()
     if cap is not None:
         layer = int(getattr(module, "layer_idx", len(cap.rows)))
-        qidx = torch.cat(cap.groups)
-        q = query[:, :, qidx, :].float()
-        k = key.float()
-        if k.shape[1] != q.shape[1]:
-            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        scale = scaling if scaling is not None else 1.0 / math.sqrt(q.shape[-1])
-        s = (q @ k.transpose(-1, -2)) * scale  # [B, H, m, L]: only the m rows needed
+        scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
         cap_soft = getattr(module, "attn_logit_softcapping", None) or getattr(
             getattr(module, "config", None), "attn_logit_softcapping", None)
-        if cap_soft:
-            s = torch.tanh(s / cap_soft) * cap_soft
-        L = k.shape[2]
-        if attention_mask is not None and attention_mask.dim() == 4:
-            am = attention_mask[:, :, qidx, -L:]
-            s = s.masked_fill(~am, float("-inf")) if am.dtype == torch.bool else s + am.float()
-        else:
-            s = s.masked_fill(torch.arange(L, device=s.device)[None, :] > qidx[:, None], float("-inf"))
-        p = torch.softmax(s, dim=-1)[0]  # [H, m, L]
-        out_rows, start = [], 0
-        for g in cap.groups:
-            out_rows.append(p[:, start:start + len(g)].mean(dim=1))  # [H, L]
-            start += len(g)
-        cap.rows[layer] = out_rows
+        Lk = key.shape[2]
+        per_item = []
+        for b, (groups, n) in enumerate(zip(cap.groups, cap.lengths, strict=True)):  # right-padded: keys [:n]
+            qidx = torch.cat(groups)
+            q = query[b:b + 1, :, qidx, :].float()
+            k = key[b:b + 1, :, :n].float()
+            if k.shape[1] != q.shape[1]:
+                k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+            s = (q @ k.transpose(-1, -2)) * scale  # [1, H, m, n]: only the m rows needed
+            if cap_soft:
+                s = torch.tanh(s / cap_soft) * cap_soft
+            if attention_mask is not None and attention_mask.dim() == 4:
+                am = attention_mask[b:b + 1, :, qidx, -Lk:][..., :n]
+                s = s.masked_fill(~am, float("-inf")) if am.dtype == torch.bool else s + am.float()
+            else:
+                s = s.masked_fill(torch.arange(n, device=s.device)[None, :] > qidx[:, None], float("-inf"))
+            p = torch.softmax(s, dim=-1)[0]  # [H, m, n]
+            out_rows, start = [], 0
+            for g in groups:
+                out_rows.append(p[:, start:start + len(g)].mean(dim=1))  # [H, n]
+                start += len(g)
+            per_item.append(out_rows)
+        cap.rows[layer] = per_item
     out = ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, dropout=dropout,
                                           scaling=scaling, **kwargs)
     if cap is not None and len(cap.rows) >= cap.max_layers:
@@ -156,6 +163,18 @@ class ProbeFeatures:
     prompt_tokens: int
     layers: int
     heads: int
+
+
+@dataclass
+class _Window:
+    """One proxy prompt: token ids, the query-position groups, per sentence its token range, per passage its
+    token range (None: no sentences), and per sentence its passage."""
+
+    ids: list[int]
+    groups: list[torch.Tensor]
+    tok_ranges: list[tuple[int, int]]
+    pranges: list[tuple[int, int] | None]
+    owner: list[int]
 
 
 class AttentionReader:
@@ -383,10 +402,9 @@ class AttentionReader:
 
         return [x for w in groups for x in settle(w)] or [[(i, 0, len(sp)) for i, sp in enumerate(spans)]]
 
-    def _attention_blocks(self, query: str, passages: list[Passage], spans: list[list[tuple[int, int]]],
-                          layers: int, layout: FeatureLayout) -> tuple[dict[str, np.ndarray], list[int], int]:
-        """One proxy pass over ``passages`` and the question: the layout's attention blocks (rows: the
-        sentences in order), each sentence's token count, and the prompt's length."""
+    def _prepare(self, query: str, passages: list[Passage], spans: list[list[tuple[int, int]]]) -> _Window:
+        """One proxy prompt over ``passages`` and the question: its ids, and per sentence and passage the token
+        ranges the features pool over."""
         text, ranges, qrange, pranges = self._prompt(query, passages, spans)
         ids, offsets = self._encode(text)
         L = len(ids)
@@ -400,17 +418,26 @@ class AttentionReader:
             idx = np.nonzero((ends > a) & (starts < b))[0]
             return (int(idx[0]), int(idx[-1]) + 1) if len(idx) else (0, 0)
 
-        owner = [pi for pi, sp in enumerate(spans) for _ in sp]
-        n_pass = [pi for pi, r in enumerate(pranges) if r is not None]
-        n = len(ranges)
-        tok_ranges = [tok_range(a, b) for a, b in ranges]
         qa, qb = tok_range(*qrange)
         groups = [torch.arange(qa, qb) if qb > qa else torch.tensor([L - 1]), torch.arange(max(0, L - self.m), L)]
-        cap = _Capture(groups=groups, max_layers=layers)
+        return _Window(ids, groups, [tok_range(a, b) for a, b in ranges],
+                       [None if r is None else tok_range(*r) for r in pranges],
+                       [pi for pi, sp in enumerate(spans) for _ in sp])
+
+    def _run(self, wins: list[_Window], layers: int) -> list[list[torch.Tensor]]:
+        """The proxy over ``wins`` in one right-padded forward pass (one window: no padding, no mask), early exit
+        after ``layers``: per window, per group, the ``[layers * heads, length]`` attention rows. Right padding
+        leaves every real token's attention what it is alone (causal: no real query sees a pad)."""
+        lengths = [len(w.ids) for w in wins]
+        L = max(lengths)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids = torch.tensor([w.ids + [pad] * (L - len(w.ids)) for w in wins])
+        mask = None if len(wins) == 1 else torch.tensor([[1] * n + [0] * (L - n) for n in lengths])
+        cap = _Capture(groups=[w.groups for w in wins], lengths=lengths, max_layers=layers)
         token = _CAPTURE.set(cap)
         try:
             with torch.inference_mode():
-                self.model.base_model(input_ids=torch.tensor([ids]), use_cache=False)
+                self.model.base_model(input_ids=ids, attention_mask=mask, use_cache=False)
         except _EarlyExit:
             pass
         finally:
@@ -418,7 +445,14 @@ class AttentionReader:
         if len(cap.rows) < layers:
             raise RuntimeError(f"captured attention of {len(cap.rows)} layers, expected {layers}: the proxy does not "
                                "dispatch attention through transformers' AttentionInterface")
-        LH = layers * self.n_heads
+        keep = sorted(cap.rows)[:layers]
+        return [[torch.stack([cap.rows[i][b][gi] for i in keep]).reshape(layers * self.n_heads, n)
+                 for gi in range(2)] for b, n in enumerate(lengths)]
+
+    def _blocks(self, win: _Window, rows: list[torch.Tensor], layout: FeatureLayout) -> dict[str, np.ndarray]:
+        """The layout's attention blocks of one window (rows: its sentences in order)."""
+        LH = rows[0].shape[0]
+        n_pass = [pi for pi, r in enumerate(win.pranges) if r is not None]
 
         def zlogmean(A: np.ndarray, trs: list[tuple[int, int]]) -> np.ndarray:
             mean = np.zeros((len(trs), LH), dtype=np.float64)
@@ -429,14 +463,15 @@ class AttentionReader:
 
         blocks: dict[str, np.ndarray] = {}
         for gi, group in enumerate(("question", "final")):
-            A = torch.stack([cap.rows[i][gi] for i in sorted(cap.rows)[:layers]]).reshape(LH, L).numpy()
+            A = rows[gi].numpy()
             if f"{group}:zlogmean" in layout.pooling:
-                blocks[f"{group}:zlogmean"] = zlogmean(A, tok_ranges)
+                blocks[f"{group}:zlogmean"] = zlogmean(A, win.tok_ranges)
             if f"passage_{group}:zlogmean" in layout.pooling:
-                zp = zlogmean(A, [tok_range(*pranges[pi]) for pi in n_pass])
+                zp = zlogmean(A, [win.pranges[pi] for pi in n_pass])  # type: ignore[misc]
                 row = {pi: j for j, pi in enumerate(n_pass)}
-                blocks[f"passage_{group}:zlogmean"] = zp[[row[pi] for pi in owner]] if n else np.zeros((0, LH))
-        return blocks, [b - a for a, b in tok_ranges], L
+                blocks[f"passage_{group}:zlogmean"] = zp[[row[pi] for pi in win.owner]] if win.owner else \
+                    np.zeros((0, LH))
+        return blocks
 
     def features(self, query: str, passages: list[Passage], spans: list[list[tuple[int, int]]],
                  layers: int | None = None, layout: FeatureLayout = DEFAULT_LAYOUT) -> ProbeFeatures:
@@ -458,16 +493,60 @@ class AttentionReader:
         The scalars are computed over the whole context either way. A window of one sentence (or of one
         passage, where the context has several) has nothing to compare its attention with: its z-scores are 0,
         those rows are scored by the other features, and a warning says so."""
+        return self.features_batch([(query, passages, spans)], layers, layout)[0]
+
+    def features_batch(self, items: list[tuple[str, list[Passage], list[list[tuple[int, int]]]]],
+                       layers: int | None = None, layout: FeatureLayout = DEFAULT_LAYOUT,
+                       batch_size: int = 8) -> list[ProbeFeatures]:
+        """:meth:`features` of several questions' contexts: their proxy windows read ``batch_size`` at a time in
+        one right-padded forward pass each, and, without an embedding cache, every question and sentence
+        embedded in one call. The same features as one at a time up to the rounding of padded kernels (in
+        float32 a z-scored log-attention feature moves by up to ~2e-4; bf16 rounds the attention rows themselves).
+        The windows of one long context are batched the same way."""
+        layers = self.n_layers if layers is None else min(layers, self.n_layers)
+        units: list[tuple[int, _Window]] = []
+        for k, (query, passages, spans) in enumerate(items):
+            wins = self.windows(query, passages, spans)
+            if len(wins) > 1:
+                _warn_flat_windows(wins, sum(1 for sp in spans if sp), layout)
+            units += [(k, self._prepare(query, *self._window(passages, spans, w))) for w in wins]
+        order = sorted(range(len(units)), key=lambda u: len(units[u][1].ids))  # similar lengths pad little
+        rows: dict[int, list[torch.Tensor]] = {}
+        for a in range(0, len(order), max(1, batch_size)):
+            chunk = order[a:a + max(1, batch_size)]
+            rows.update(zip(chunk, self._run([units[u][1] for u in chunk], layers), strict=True))
+        per: dict[int, list[int]] = {}
+        for u, (k, _) in enumerate(units):
+            per.setdefault(k, []).append(u)
+        cos = self._batch_similarity(items, layout)
+        return [self._item_features(*items[k], [units[u][1] for u in per[k]],
+                                    [self._blocks(units[u][1], rows[u], layout) for u in per[k]], layers, layout,
+                                    None if cos is None else cos[k]) for k in range(len(items))]
+
+    def _batch_similarity(self, items: list[tuple[str, list[Passage], list[list[tuple[int, int]]]]],
+                          layout: FeatureLayout) -> list[np.ndarray] | None:
+        """Without an embedding cache and with several questions: every question and title-prefixed sentence
+        embedded in one call; None where :meth:`embed_similarity` does it per question."""
+        if not layout.uses_embedder or self.embed_cache is not None or len(items) < 2:
+            return None
+        from ..embed import get_embedder
+
+        texts, at = [], []
+        for query, passages, spans in items:
+            docs = self.embed_docs(passages, spans)[0]
+            at.append((len(texts), len(docs)))
+            texts += [query, *docs]
+        v = get_embedder(self.embedder, self.embedder_dtype).encode(texts)
+        return [(v[a + 1:a + 1 + n] @ v[a]).numpy().astype("float64") for a, n in at]
+
+    def _item_features(self, query: str, passages: list[Passage], spans: list[list[tuple[int, int]]],
+                       wins: list[_Window], parts: list[dict[str, np.ndarray]], layers: int, layout: FeatureLayout,
+                       cos: np.ndarray | None) -> ProbeFeatures:
         from ..filters.bm25 import bm25_scores
 
-        layers = self.n_layers if layers is None else min(layers, self.n_layers)
-        wins = self.windows(query, passages, spans)
-        if len(wins) > 1:
-            _warn_flat_windows(wins, sum(1 for sp in spans if sp), layout)
-        parts = [self._attention_blocks(query, *self._window(passages, spans, w), layers, layout) for w in wins]
-        blocks = {k: np.concatenate([b[k] for b, _, _ in parts]) for k in parts[0][0]}
-        n_tokens = [t for _, ts, _ in parts for t in ts]
-        L = sum(n for _, _, n in parts)
+        blocks = {k: np.concatenate([b[k] for b in parts]) for k in parts[0]}
+        n_tokens = [b - a for w in wins for a, b in w.tok_ranges]
+        L = sum(len(w.ids) for w in wins)
         owner = [pi for pi, sp in enumerate(spans) for _ in sp]  # passage of each sentence
         n = len(owner)
         qwords = _content_words(query)
@@ -480,7 +559,8 @@ class AttentionReader:
         sents = [passages[pi].text[a:b] for pi, sp in enumerate(spans) for a, b in sp]
         titles = [passages[pi].title or "" for pi in owner]
         if layout.uses_embedder:
-            cos = self.embed_similarity(query, self.embed_docs(passages, spans)[0], owner)
+            if cos is None:
+                cos = self.embed_similarity(query, self.embed_docs(passages, spans)[0], owner)
             extras["embed_cos"] = cos
             extras["embed_z"] = zscore(cos[:, None])[:, 0] if n else []
         if {"question_overlap", "title_overlap", "bm25_z", *LINK_EXTRAS} & set(layout.extra):
