@@ -49,24 +49,14 @@ def add_inspector(app: FastAPI, handler: ProxyHandler, settings: ProxySettings,
 
     secured = [Depends(page_key)]
 
-    def static(name: str) -> Response:
-        return Response(files[name], media_type=_TYPES[name], headers=_HEADERS)
+    def static(name: str) -> Callable[[], Any]:
+        async def serve_file() -> Response:
+            return Response(files[name], media_type=_TYPES[name], headers=_HEADERS)
+        return serve_file
 
-    @app.get("/inspect", dependencies=secured, include_in_schema=False)
-    async def page() -> Response:
-        return static("inspect.html")
-
-    @app.get("/inspect/inspect.js", dependencies=secured, include_in_schema=False)
-    async def script() -> Response:
-        return static("inspect.js")
-
-    @app.get("/inspect/inspect.css", dependencies=secured, include_in_schema=False)
-    async def style() -> Response:
-        return static("inspect.css")
-
-    @app.get("/inspect/examples", dependencies=secured, include_in_schema=False)
-    async def examples() -> Response:
-        return static("examples.json")
+    for path, name in (("/inspect", "inspect.html"), ("/inspect/inspect.js", "inspect.js"),
+                       ("/inspect/inspect.css", "inspect.css"), ("/inspect/examples", "examples.json")):
+        app.add_api_route(path, static(name), methods=["GET"], dependencies=secured, include_in_schema=False)
 
     @app.get("/inspect/config", dependencies=secured, include_in_schema=False)
     async def config() -> dict[str, Any]:
