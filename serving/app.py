@@ -40,7 +40,7 @@ from .inspector import add_inspector
 from .limits import check_json
 from .metrics import Metrics
 from .openapi import openapi_schema
-from .protocol import ChatCompletionRequest, CompletionRequest, ProxyError
+from .protocol import ChatCompletionRequest, CompletionRequest, InspectRequest, ProxyError
 from .settings import ProxySettings
 from .upstream import EmbeddedUpstream, RemoteUpstream, Upstream
 
@@ -266,7 +266,13 @@ def create_app(settings: ProxySettings | None = None, *, backend: DecoderBackend
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
     if settings.inspector:
-        add_inspector(app, handler, settings, check_key)
+        page_secured = add_inspector(app, handler, settings, check_key)
+
+        @app.post("/inspect/compress", dependencies=page_secured, include_in_schema=False)
+        async def inspect_compress(request: Request) -> Response:
+            req = _validate(InspectRequest, await _read_json(request, settings.max_body_bytes))
+            return JSONResponse(await _call(handler.inspect, req))
+
     app.add_middleware(_Metered, metrics=metrics)
     return app
 

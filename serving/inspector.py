@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from .handler import ProxyHandler
-from .protocol import InspectRequest, ProxyError
+from .protocol import ProxyError
 from .settings import ProxySettings
 
 __all__ = ["add_inspector", "STATIC"]
@@ -36,8 +36,10 @@ _HEADERS = {"Content-Security-Policy": "default-src 'self'; script-src 'self'; s
 
 
 def add_inspector(app: FastAPI, handler: ProxyHandler, settings: ProxySettings,
-                  check_key: Callable[[Request], None]) -> None:
-    """Add the inspector's routes to ``app``, behind ``check_key`` (the API's key check)."""
+                  check_key: Callable[[Request], None]) -> list[Any]:
+    """Add the inspector's page and read-only routes to ``app``, behind ``check_key`` (the API's key check);
+    return the routes' dependencies (a Basic challenge where a key is missing), for ``/inspect/compress``, which
+    the app adds with its other JSON routes."""
     files = {name: (STATIC / name).read_bytes() for name in _TYPES}  # read once: a missing file fails at start-up
 
     def page_key(request: Request) -> None:
@@ -63,9 +65,4 @@ def add_inspector(app: FastAPI, handler: ProxyHandler, settings: ProxySettings,
         return {"methods": handler.served_methods(), "method": settings.method, "ratio": settings.ratio,
                 "model": settings.served_model_name or settings.model, "auth": bool(settings.api_keys)}
 
-    @app.post("/inspect/compress", dependencies=secured, include_in_schema=False)
-    async def compress(request: Request) -> Response:
-        from .app import _call, _read_json, _validate
-
-        req = _validate(InspectRequest, await _read_json(request, settings.max_body_bytes))
-        return JSONResponse(await _call(handler.inspect, req))
+    return secured

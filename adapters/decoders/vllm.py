@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import sys
 import time
 import warnings
@@ -424,8 +425,6 @@ def write_peft_adapter(adapter: DecoderAdapter, root: Path) -> Path:
     try:
         tmp.rename(folder)
     except OSError:  # written meanwhile by another process: same content
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
     return folder
 

@@ -280,9 +280,9 @@ class SentenceFilter(Compressor):
             why = "budget"
         if not kept and idx and why == "budget":  # no sentence fits: the target rounds up to one sentence
             kept, why = self._one_sentence(unique, where, sents, idx, scores, max_tokens, tokens_in, budget)
-            best = (kept[0].index, kept[0].sentence_ids[0])
-            reasons.update({i: "granularity" for i in idx if (where[sents[i].passage], sents[i].index) == best
-                            and why == "granularity"})
+            if why == "granularity":  # the one sentence kept although over the target
+                best = (kept[0].index, kept[0].sentence_ids[0])
+                reasons.update({i: "granularity" for i in idx if (where[sents[i].passage], sents[i].index) == best})
         return Kept(kept, stopped_by=why, **merged,
                     explain=self._explainer(passages, where, sents, first, scores, reasons))
 
@@ -308,10 +308,10 @@ class SentenceFilter(Compressor):
                 per.setdefault(at, []).append(SentenceExplanation(
                     sentence=s.index, span=(s.start, s.end), tokens=s.tokens, kept=kept, reason=reason,
                     coverage=1.0 if kept else 0.0, score=None if scores is None else round(float(scores[i]), 6)))
-            firsts = {(p.title, " ".join(p.text.split())): where[k] for k, p in enumerate(passages[w] for w in where)}
+            firsts = {_repeat_key(passages[w]): w for w in where}
             out = []
             for i, p in enumerate(passages):
-                dup = firsts[(p.title, " ".join(p.text.split()))]
+                dup = firsts[_repeat_key(p)]
                 n_in, n_out = self.counter.count(p.text), out_tokens.get(i, 0)
                 rows = per.get(i, []) if dup == i else [
                     e.model_copy(update={"kept": False, "reason": "duplicate", "coverage": 0.0})
@@ -404,9 +404,14 @@ def merge_repeats(passages: list[Passage]) -> tuple[list[Passage], list[int]]:
     seen: set[tuple[str | None, str]] = set()
     unique, where = [], []
     for i, p in enumerate(passages):
-        key = (p.title, " ".join(p.text.split()))
+        key = _repeat_key(p)
         if key not in seen:
             seen.add(key)
             unique.append(p)
             where.append(i)
     return unique, where
+
+
+def _repeat_key(p: Passage) -> tuple[str | None, str]:
+    """Passages with the same key are repeats: the same title and the same text up to whitespace."""
+    return p.title, " ".join(p.text.split())
