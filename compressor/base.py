@@ -224,27 +224,53 @@ class IndexReport(BaseModel):
 
 class TokenCounter:
     """Counts tokens in the decoder's tokenizer (no special tokens). Wraps a HF tokenizer or any callable
-    ``str -> list[int]``."""
+    ``str -> list[int]`` (``encode_many``: an optional batch form). Counts are memoised per text (at most
+    ``memo`` texts, then the memo starts over): a served compressor sees the same passages and sentences again
+    with every question that retrieves them."""
 
-    def __init__(self, encode: Callable[[str], Sequence[int]], name: str = "custom") -> None:
+    def __init__(self, encode: Callable[[str], Sequence[int]], name: str = "custom",
+                 encode_many: Callable[[list[str]], Sequence[Sequence[int]]] | None = None, memo: int = 65536) -> None:
         self._encode = encode
+        self._encode_many = encode_many
         self.name = name
+        self._memo: dict[str, int] = {}
+        self._memo_size = memo
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> TokenCounter:
         return cls(
             lambda s: tokenizer(s, add_special_tokens=False)["input_ids"],
             name=getattr(tokenizer, "name_or_path", type(tokenizer).__name__),
+            encode_many=lambda texts: tokenizer(texts, add_special_tokens=False)["input_ids"],
         )
 
     def encode(self, text: str) -> list[int]:
         return list(self._encode(text))
 
+    def _remember(self, counts: dict[str, int]) -> None:
+        if len(self._memo) + len(counts) > self._memo_size:
+            self._memo = {}
+        self._memo.update(counts)
+
     def count(self, text: str) -> int:
-        return len(self._encode(text)) if text else 0
+        if not text:
+            return 0
+        n = self._memo.get(text)
+        if n is None:
+            n = len(self._encode(text))
+            self._remember({text: n})
+        return n
 
     def count_many(self, texts: Sequence[str]) -> list[int]:
-        return [self.count(t) for t in texts]
+        """:meth:`count` of each text; the ones not memoised are encoded in one batch where the tokenizer has one."""
+        known = {t: self._memo[t] for t in texts if t and t in self._memo}
+        missing = [t for t in dict.fromkeys(texts) if t and t not in known]
+        if missing:
+            ids = self._encode_many(missing) if self._encode_many else [self._encode(t) for t in missing]
+            fresh = {t: len(i) for t, i in zip(missing, ids, strict=True)}
+            self._remember(fresh)
+            known.update(fresh)
+        return [known[t] if t else 0 for t in texts]
 
 
 def coerce_passages(passages: Any) -> list[Passage]:

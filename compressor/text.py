@@ -43,10 +43,16 @@ def _pysbd_sentences(text: str) -> list[str]:
 
 def split_sentences(text: str) -> list[tuple[int, int]]:
     """Split ``text`` into sentences; return ``[start, end)`` spans that cover every non-space character
-    exactly once, in order, with surrounding whitespace excluded. ``text[s:e]`` is the sentence."""
+    exactly once, in order, with surrounding whitespace excluded. ``text[s:e]`` is the sentence. A pure function
+    of the text, memoised (the same passages come back with every question that retrieves them)."""
     if not text.strip():
         return []
-    return _spans_of(text, _pysbd_sentences(text))
+    return list(_split_memo(text))
+
+
+@functools.lru_cache(maxsize=32768)
+def _split_memo(text: str) -> tuple[tuple[int, int], ...]:
+    return tuple(_spans_of(text, _pysbd_sentences(text)))
 
 
 def _spans_of(text: str, sentences: list[str]) -> list[tuple[int, int]]:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from compressor import Budget, InputError, Passage, get_compressor
+from compressor import Budget, InputError, Passage, TokenCounter, get_compressor
 from compressor.text import split_sentences
 
 
@@ -80,3 +80,30 @@ def test_sentence_spans_cover_text(text):
 
 def test_empty_text_has_no_sentences():
     assert split_sentences("   ") == []
+
+
+def test_token_counter_memo_and_batch_agree_with_encoding():
+    calls = {"one": 0, "many": 0}
+
+    def one(s):
+        calls["one"] += 1
+        return s.split()
+
+    def many(texts):
+        calls["many"] += 1
+        return [t.split() for t in texts]
+
+    c = TokenCounter(one, encode_many=many, memo=4)
+    texts = ["a b", "c d e", "", "a b", "f", "g h i j"]
+    assert c.count_many(texts) == [2, 3, 0, 2, 1, 4] == [len(t.split()) for t in texts]
+    assert calls == {"one": 0, "many": 1}  # one batch, each distinct text once
+    assert c.count("a b") == 2 and calls["one"] == 0  # memoised
+    assert c.count_many(["x y", "z"]) == [2, 1]  # over the memo's size: it starts over, counts stay right
+    assert len(c._memo) <= 4
+    assert TokenCounter(one).count_many(["p q", "r"]) == [2, 1]  # without a batch form
+
+
+def test_split_sentences_returns_a_fresh_list_each_call():
+    a = split_sentences("One. Two.")
+    a.append((0, 0))
+    assert split_sentences("One. Two.") == [(0, 4), (5, 9)]

@@ -195,12 +195,10 @@ class SentenceFilter(Compressor):
         self.config = config or SentenceFilterConfig()
 
     def sentences(self, passages: list[Passage]) -> list[Sentence]:
-        out = []
-        for pi, p in enumerate(passages):
-            for si, (s, e) in enumerate(split_sentences(p.text)):
-                t = p.text[s:e]
-                out.append(Sentence(pi, si, s, e, t, self.counter.count(t)))
-        return out
+        spans = [(pi, si, s, e, p.text[s:e]) for pi, p in enumerate(passages)
+                 for si, (s, e) in enumerate(split_sentences(p.text))]
+        counts = self.counter.count_many([t for *_, t in spans])
+        return [Sentence(pi, si, s, e, t, n) for (pi, si, s, e, t), n in zip(spans, counts, strict=True)]
 
     @abstractmethod
     def score_sentences(self, query: str, passages: list[Passage], sentences: list[Sentence]) -> np.ndarray:

@@ -87,10 +87,10 @@ def _probe_attention(module, query, key, value, attention_mask, dropout: float =
                 start += len(g)
             per_item.append(out_rows)
         cap.rows[layer] = per_item
+        if len(cap.rows) >= cap.max_layers:  # the last layer read: its attention output is never used
+            raise _EarlyExit()
     out = ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, dropout=dropout,
                                           scaling=scaling, **kwargs)
-    if cap is not None and len(cap.rows) >= cap.max_layers:
-        raise _EarlyExit()
     return out
 
 
