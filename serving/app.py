@@ -175,10 +175,11 @@ def _respond(out: dict[str, Any] | Any) -> Response:
 def _build_upstream(settings: ProxySettings, backend: DecoderBackend | None,
                     transport: httpx.AsyncBaseTransport | None) -> tuple[Upstream, Any]:
     if settings.upstream is None:
-        up = (EmbeddedUpstream(backend, settings.served_model_name or settings.model, timeout_s=settings.timeout_s,
-                               default_max_tokens=settings.default_max_tokens) if backend is not None else
-              EmbeddedUpstream.load(settings.model, served_name=settings.served_model_name,
-                                    timeout_s=settings.timeout_s, default_max_tokens=settings.default_max_tokens))
+        opts = {"timeout_s": settings.timeout_s, "default_max_tokens": settings.default_max_tokens,
+                "batch_max_size": settings.batch_max_size, "batch_max_wait_ms": settings.batch_max_wait_ms}
+        up = (EmbeddedUpstream(backend, settings.served_model_name or settings.model, **opts)
+              if backend is not None else
+              EmbeddedUpstream.load(settings.model, served_name=settings.served_model_name, **opts))
         tok = load_tokenizer(settings.tokenizer) if settings.tokenizer else up.backend.tokenizer
         return up, tok
     tok = backend.tokenizer if backend is not None and not settings.tokenizer else load_tokenizer(
@@ -199,8 +200,10 @@ def create_app(settings: ProxySettings | None = None, *, backend: DecoderBackend
     metrics = Metrics()
     handler = ProxyHandler(upstream, TokenCounter.from_tokenizer(tokenizer), method=settings.method,
                            budget=settings.budget(), metrics=metrics, limits=settings.limits(),
-                           batcher=CompressionBatcher(settings.batch_max_size, settings.batch_max_wait_ms))
-    metrics.batcher = handler.batcher
+                           batcher=CompressionBatcher(settings.batch_max_size, settings.batch_max_wait_ms),
+                           cache_dir=settings.cache_dir)
+    metrics.batcher, metrics.caches = handler.batcher, handler.cache_counts
+    metrics.decode_batcher = getattr(upstream, "batcher", None)
     keys = [k.encode() for k in settings.api_keys]
 
     @asynccontextmanager

@@ -1,45 +1,42 @@
-"""Micro-batching of the proxy's compression: concurrent requests compressed together.
+"""Micro-batching in the proxy: concurrent requests compressed together, and decoded together by the embedded
+decoder.
 
-A request that reaches compression waits at most ``max_wait_ms`` for others (or until ``max_batch`` are
-waiting); the waiting requests of one compressor then go through one :meth:`~compressor.base.Compressor.
-compress_batch` call in a worker thread (a filter's sentence embeddings in one batch, sentinel's proxy windows in
-padded passes, icae's passages encoded together). While a batch runs, the next requests gather, so under load
-batches fill by themselves and an idle server adds at most ``max_wait_ms``.
+A call waits at most ``max_wait_ms`` for others (or until ``max_batch`` are waiting); the waiting calls that can
+share one batch then run as one call in a worker thread. Compression: the requests of one compressor go through
+one :meth:`~compressor.base.Compressor.compress_batch` (a filter's sentence embeddings in one batch, sentinel's
+proxy windows in padded passes, icae's passages encoded together). Decoding: prompts with the same generation
+parameters go through one ``backend.generate`` (left-padded, one forward pass per new token for all of them).
+While a batch runs, the next calls gather, so under load batches fill by themselves and an idle server adds at
+most ``max_wait_ms``.
 
-Each request gets its own result through its own future: nothing is reordered between clients, and a request
-whose input fails (a strict budget the method cannot meet, say) fails alone: a batch that raises is run again one
-request at a time, so every other request still gets its answer. Reading a request body happens before any of
-this, so a slow client holds nobody. ``max_batch=1`` turns batching off (one call per request, no wait).
+Each call gets its own result through its own future: nothing is reordered between clients, and a call that
+fails (a strict budget the method cannot meet, say) fails alone: a batch that raises is run again one call at a
+time, so every other call still gets its answer. Reading a request body happens before any of this, so a slow
+client holds nobody. ``max_batch=1`` turns batching off (one call per request, no wait).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
+from adapters.decoders import DecoderBackend, Generation, GenerationParams
 from compressor.base import Budget, CompressedContext, Compressor
+from compressor.prompt import Prompt
 
-__all__ = ["CompressionBatcher"]
-
-
-@dataclass
-class _Item:
-    comp: Compressor
-    query: str
-    passages: list[Any]
-    budget: Budget
-    explain: bool
-    future: asyncio.Future = field(repr=False)
+__all__ = ["CompressionBatcher", "DecodeBatcher", "DecodeTimeout"]
 
 
-class CompressionBatcher:
-    """Gathers compression calls for up to ``max_wait_ms`` (at most ``max_batch`` at a time) and runs the calls
-    of each compressor as one ``compress_batch``; ``lock`` serialises all compression (compressors hold models
-    and caches). ``batches`` and ``batched`` count the calls made and the requests they carried."""
+class _MicroBatcher:
+    """Gathers calls for up to ``max_wait_ms`` (at most ``max_batch`` at a time) and runs each group of calls
+    that :meth:`_key` puts together as one :meth:`_run_group` in a worker thread; ``lock`` serialises the runs
+    (the work holds a model). ``batches`` and ``batched`` count the runs made and the calls they carried."""
 
     def __init__(self, max_batch: int = 8, max_wait_ms: float = 5.0, lock: threading.Lock | None = None) -> None:
         if max_batch < 1 or max_wait_ms < 0:
@@ -48,29 +45,30 @@ class CompressionBatcher:
         self.lock = lock or threading.Lock()
         self.batches = 0
         self.batched = 0
-        self._pending: list[_Item] = []
+        self._pending: list[Any] = []
         self._timer: asyncio.TimerHandle | None = None
         self._counts = threading.Lock()
 
-    async def compress(self, comp: Compressor, query: str, passages: list[Any], budget: Budget,
-                       explain: bool = False) -> CompressedContext:
-        """This request's compressed context, computed in a batch with whatever else arrived meanwhile."""
+    def _key(self, item: Any) -> Hashable:
+        """Calls with equal keys may share one run."""
+        raise NotImplementedError
+
+    def _run_group(self, group: list[Any]) -> list[Any]:
+        """The result (or exception) of every call of ``group``, in order; runs in a worker thread."""
+        raise NotImplementedError
+
+    async def _submit(self, item: Any) -> Any:
         if self.max_batch == 1:
-            return await anyio.to_thread.run_sync(self._run_one, comp, query, passages, budget, explain)
-        loop = asyncio.get_running_loop()
-        item = _Item(comp, query, passages, budget, explain, loop.create_future())
+            out = (await anyio.to_thread.run_sync(self._run_group, [item]))[0]
+            if isinstance(out, BaseException):
+                raise out
+            return out
         self._pending.append(item)
         if len(self._pending) >= self.max_batch:
             self._flush()
         elif self._timer is None:
-            self._timer = loop.call_later(self.max_wait_s, self._flush)
+            self._timer = asyncio.get_running_loop().call_later(self.max_wait_s, self._flush)
         return await item.future
-
-    def _run_one(self, comp: Compressor, query: str, passages: list[Any], budget: Budget,
-                 explain: bool) -> CompressedContext:
-        with self.lock:
-            self._count(1)
-            return comp.compress(query, passages, budget, explain=explain)
 
     def _count(self, n: int) -> None:
         with self._counts:
@@ -88,10 +86,10 @@ class CompressionBatcher:
         if self._pending:
             self._timer = asyncio.get_running_loop().call_later(self.max_wait_s, self._flush)
 
-    async def _run(self, items: list[_Item]) -> None:
-        groups: dict[tuple[int, bool], list[_Item]] = {}
+    async def _run(self, items: list[Any]) -> None:
+        groups: dict[Hashable, list[Any]] = {}
         for it in items:
-            groups.setdefault((id(it.comp), it.explain), []).append(it)
+            groups.setdefault(self._key(it), []).append(it)
         for group in groups.values():
             try:
                 results = await anyio.to_thread.run_sync(self._run_group, group)
@@ -105,18 +103,46 @@ class CompressionBatcher:
                 else:
                     it.future.set_result(r)
 
-    def _run_group(self, group: list[_Item]) -> list[CompressedContext | BaseException]:
-        """One ``compress_batch`` for the group; if it raises, each request alone, so only the failing ones fail."""
+
+@dataclass
+class _Compress:
+    comp: Compressor
+    query: str
+    passages: list[Any]
+    budget: Budget
+    explain: bool
+    future: asyncio.Future | None = field(default=None, repr=False)
+
+
+class CompressionBatcher(_MicroBatcher):
+    """Compression calls of one compressor (and one ``explain``) run as one ``compress_batch``."""
+
+    async def compress(self, comp: Compressor, query: str, passages: list[Any], budget: Budget,
+                       explain: bool = False) -> CompressedContext:
+        """This request's compressed context, computed in a batch with whatever else arrived meanwhile."""
+        future = None if self.max_batch == 1 else asyncio.get_running_loop().create_future()
+        return await self._submit(_Compress(comp, query, passages, budget, explain, future))
+
+    def _key(self, item: _Compress) -> Hashable:
+        return id(item.comp), item.explain
+
+    def _run_group(self, group: list[_Compress]) -> list[CompressedContext | BaseException]:
+        """One ``compress_batch`` for the group (plain ``compress`` for one); if it raises, each request alone,
+        so only the failing ones fail."""
         comp = group[0].comp
         with self.lock:
             try:
-                out: list[CompressedContext | BaseException] = list(comp.compress_batch(
-                    [(it.query, it.passages, it.budget) for it in group], explain=group[0].explain))
+                if len(group) == 1:
+                    it = group[0]
+                    out: list[Any] = [comp.compress(it.query, it.passages, it.budget, explain=it.explain)]
+                else:
+                    out = list(comp.compress_batch([(it.query, it.passages, it.budget) for it in group],
+                                                   explain=group[0].explain))
                 self._count(len(group))
                 return out
-            except Exception:  # noqa: BLE001 - find which request failed; the others still answer
+            except Exception as e:  # noqa: BLE001 - find which request failed; the others still answer
                 if len(group) == 1:
-                    raise
+                    return [e]
             out = []
             for it in group:
                 try:
@@ -125,3 +151,57 @@ class CompressionBatcher:
                 except Exception as e:  # noqa: BLE001 - this request's own failure
                     out.append(e)
             return out
+
+
+class DecodeTimeout(Exception):
+    """A decode call that did not get the decoder, or finish, before its deadline."""
+
+
+@dataclass
+class _Decode:
+    backend: DecoderBackend
+    prompt: Prompt
+    params: GenerationParams
+    deadline: float  # time.monotonic()
+    future: asyncio.Future | None = field(default=None, repr=False)
+
+
+class DecodeBatcher(_MicroBatcher):
+    """Non-streaming generations with the same parameters run as one ``backend.generate`` (the transformers
+    backend decodes a left-padded batch, one forward pass per new token for all rows). A seeded sampling call
+    runs alone, so its seed gives the same text as it would unbatched. ``lock`` is the decoder's lock, shared
+    with streaming calls (which run one at a time)."""
+
+    async def decode(self, backend: DecoderBackend, prompt: Prompt, params: GenerationParams,
+                     deadline: float) -> Generation:
+        future = None if self.max_batch == 1 else asyncio.get_running_loop().create_future()
+        return await self._submit(_Decode(backend, prompt, params, deadline, future))
+
+    def _key(self, item: _Decode) -> Hashable:
+        if item.params.temperature > 0 and item.params.seed is not None:
+            return id(item)
+        return id(item.backend), item.params.model_dump_json()
+
+    def _run_group(self, group: list[_Decode]) -> list[Generation | BaseException]:
+        wait = max(it.deadline for it in group) - time.monotonic()
+        if wait < 0 or not self.lock.acquire(timeout=wait):
+            return [DecodeTimeout()] * len(group)
+        try:
+            try:
+                gens: list[Any] = list(group[0].backend.generate([it.prompt for it in group], group[0].params))
+                self._count(len(group))
+            except Exception as e:  # noqa: BLE001 - find which prompt failed; the others still answer
+                if len(group) == 1:
+                    return [e]
+                gens = []
+                for it in group:
+                    try:
+                        gens.append(it.backend.generate([it.prompt], it.params)[0])
+                        self._count(1)
+                    except Exception as e1:  # noqa: BLE001 - this call's own failure
+                        gens.append(e1)
+        finally:
+            self.lock.release()
+        now = time.monotonic()
+        return [DecodeTimeout() if now > it.deadline and not isinstance(g, BaseException) else g
+                for it, g in zip(group, gens, strict=True)]

@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     from adapters.bench import add_bench_options
     from adapters.datasets import DATASETS, DatasetSpec
     from adapters.evaluate import EvalRequest
+    from adapters.indexing import IndexEngine
     from adapters.train import SentinelTraining, SoftData, TextLoRA
     from compressor.base import Budget
     from compressor.icae.config import ICAEConfig, ICAETrainConfig
@@ -59,13 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
     ix = sub.add_parser("index", help="index time: fill a method's per-passage cache (sentinel sentence "
                                       "embeddings, icae slots) for a corpus, ahead of any question")
     _add_method(ix, "the decoder the method serves (its tokenizer splits and counts; soft methods encode for it)")
-    ix.add_argument("--cache-dir", required=True, type=Path, help="the cache folder; compress with the same cache_dir")
+    ix.add_argument("--cache-dir", required=True,
+                    help="the cache: a folder or an fsspec URL (s3://...); compress with the same")
     src = ix.add_mutually_exclusive_group(required=True)
     src.add_argument("--passages", type=Path, help="JSONL, one passage per line: a string or {\"title\", \"text\"}")
     src.add_argument("--dataset", choices=DATASETS, help="index every passage of this dataset file (--path)")
     ix.add_argument("--path", type=Path, help="the dataset file, with --dataset")
     ix.add_argument("--limit", type=int, help="with --dataset: the first N questions' passages")
-    ix.add_argument("--chunk", type=int, default=256, help="passages per step of the progress bar")
+    _model_options(ix, IndexEngine)
 
     md = sub.add_parser("models", help="list or provision the named default models")
     md.add_argument("action", choices=["list", "provision"], nargs="?", default="list")
@@ -153,18 +155,16 @@ def _fmt(v: Any) -> str:
 
 def cmd_index(args: argparse.Namespace) -> int:
     from adapters.datasets import corpus_of, load_dataset, load_passages
-    from adapters.indexing import index_corpus
+    from adapters.indexing import IndexEngine, index_corpus
 
-    if args.dataset:
-        if args.path is None:
-            raise SystemExit("--dataset needs --path, the dataset file")
-        passages = corpus_of(load_dataset(args.dataset, args.path, limit=args.limit))
-    else:
-        if args.path is not None or args.limit is not None:
-            raise SystemExit("--path and --limit apply to --dataset; --passages reads the whole file")
-        passages = load_passages(args.passages)
+    if args.dataset and args.path is None:
+        raise SystemExit("--dataset needs --path, the dataset file")
+    if not args.dataset and (args.path is not None or args.limit is not None):
+        raise SystemExit("--path and --limit apply to --dataset; --passages reads the whole file")
+    passages = corpus_of(load_dataset(args.dataset, args.path, limit=args.limit)) if args.dataset else \
+        load_passages(args.passages)
     print(json.dumps(index_corpus(args.method, passages, args.cache_dir, args.decoder, _method_options(args),
-                                  chunk=args.chunk)))
+                                  **_from_args(IndexEngine, args).model_dump())))
     return 0
 
 

@@ -50,19 +50,23 @@ class ProxyHandler:
     serves.
 
     ``method`` and ``budget`` are the server's defaults; a request's ``compression`` block overrides them.
+    ``cache_dir``: the per-passage cache the cacheable methods read and fill (a folder or an fsspec URL; replicas
+    may share one).
     Compressors are built once per method name and reused; the default one is built here, so a bad default
     fails at start-up, not on the first request. ``limits`` bound what one request may ask of them.
     """
 
     def __init__(self, upstream: Upstream, counter: TokenCounter, method: str = "bm25",
                  budget: Budget | None = None, metrics: Metrics | None = None,
-                 limits: InputLimits | None = None, batcher: CompressionBatcher | None = None) -> None:
+                 limits: InputLimits | None = None, batcher: CompressionBatcher | None = None,
+                 cache_dir: str | None = None) -> None:
         self.upstream = upstream
         self.counter = counter
         self.method = method
         self.budget = budget or Budget()
         self.metrics = metrics or Metrics()
         self.limits = limits or InputLimits()
+        self.cache_dir = cache_dir
         self._compressors: dict[str, Compressor] = {}
         self._build_lock = threading.Lock()
         self.batcher = batcher or CompressionBatcher()  # compressors hold models and caches: one call at a time
@@ -92,7 +96,8 @@ class ProxyHandler:
         with self._build_lock:
             if name not in self._compressors:
                 try:
-                    self._compressors[name] = build_method(name, self.counter, self.upstream.decoder or "")
+                    opts = {"cache_dir": self.cache_dir} if self.cache_dir and spec.cacheable else None
+                    self._compressors[name] = build_method(name, self.counter, self.upstream.decoder or "", opts)
                 except ArtifactError as e:  # no trained artifact here, or one for another decoder
                     raise ProxyError(400, f"method {name!r} is not available on this server ({e}); methods served "
                                      f"here: {', '.join(self.served_methods())}", param="compression.method",
@@ -106,6 +111,15 @@ class ProxyHandler:
                                      f"{', '.join(m for m in self.served_methods() if m != name)}",
                                      param="compression.method", code="method_unavailable")
             return self._compressors[name]
+
+    def cache_counts(self) -> dict[str, tuple[int, int]]:
+        """Per built method with a per-passage cache: (hits, misses) of its cache reads so far."""
+        out = {}
+        for name, comp in list(self._compressors.items()):
+            caches = comp.caches()
+            if caches:
+                out[name] = (sum(c.hits for c in caches), sum(c.misses for c in caches))
+        return out
 
     def _budget(self, opts: CompressionOptions | None) -> Budget:
         """The server's budget with what the request's ``compression`` block sets (validated there)."""

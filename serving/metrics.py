@@ -33,6 +33,8 @@ class Metrics:
         self.tokens_after = 0
         self.compression_s = 0.0
         self.batcher: Any = None  # the handler's CompressionBatcher: batches made and requests they carried
+        self.decode_batcher: Any = None  # the embedded decoder's DecodeBatcher, the same counts for decoding
+        self.caches: Any = None  # the handler's cache_counts: per method, (hits, misses) of its per-passage cache
 
     def record_request(self, path: str, status: int, seconds: float) -> None:
         endpoint = path if path in ENDPOINTS else "other"
@@ -82,13 +84,21 @@ class Metrics:
                 "# TYPE ragpress_compression_seconds_total counter",
                 f"ragpress_compression_seconds_total {self.compression_s:.6f}",
             ]
-            if self.batcher is not None:
-                lines += [
-                    "# HELP ragpress_compress_batches_total Compression calls (each one batch of requests).",
-                    "# TYPE ragpress_compress_batches_total counter",
-                    f"ragpress_compress_batches_total {self.batcher.batches}",
-                    "# HELP ragpress_compress_batched_requests_total Requests those calls compressed.",
-                    "# TYPE ragpress_compress_batched_requests_total counter",
-                    f"ragpress_compress_batched_requests_total {self.batcher.batched}",
-                ]
+            for what, b in (("compress", self.batcher), ("decode", self.decode_batcher)):
+                if b is not None:
+                    lines += [
+                        f"# HELP ragpress_{what}_batches_total {what.capitalize()} calls (each one batch of requests).",
+                        f"# TYPE ragpress_{what}_batches_total counter",
+                        f"ragpress_{what}_batches_total {b.batches}",
+                        f"# HELP ragpress_{what}_batched_requests_total Requests (generations) those calls carried.",
+                        f"# TYPE ragpress_{what}_batched_requests_total counter",
+                        f"ragpress_{what}_batched_requests_total {b.batched}",
+                    ]
+            if self.caches is not None:
+                counts = self.caches()
+                for what, at in (("hits", 0), ("misses", 1)):
+                    lines += [f"# HELP ragpress_cache_{what}_total Per-passage cache reads that found the value"
+                              f"{'' if at == 0 else ' missing (computed and stored)'}, by method.",
+                              f"# TYPE ragpress_cache_{what}_total counter"]
+                    lines += [f'ragpress_cache_{what}_total{{method="{m}"}} {c[at]}' for m, c in sorted(counts.items())]
         return "\n".join(lines) + "\n"

@@ -44,11 +44,14 @@ class ProxySettings(BaseModel):
     max_documents: int = Field(default=256, ge=1, le=100_000, description="Documents per request (400 over).")
     max_document_tokens: int = Field(default=32_768, ge=1, description="Document tokens per request (400 over).")
     batch_max_size: int = Field(default=8, ge=1, le=256, description="Concurrent requests compressed together in "
-                                "one batch at most (1: no batching).")
+                                "one batch at most, and decoded together by the in-process decoder (1: no batching).")
     batch_max_wait_ms: float = Field(default=5.0, ge=0.0, le=1000.0, description="How long a request waits for "
                                      "others to batch with, at most (ms).")
     inspector: bool = Field(default=True, description="Serve the inspector page at /inspect (behind the same API "
                             "keys; --no-inspector turns it off).")
+    cache_dir: str | None = Field(default=None, description="Per-passage cache of the cacheable methods "
+                                  "(sentinel sentence embeddings, icae slots): a folder or an fsspec URL, filled "
+                                  "ahead of time by `ragpress index` and by requests; proxy replicas may share it.")
     max_sentence_tokens: int = Field(default=4_096, ge=16, description="Longest sentence compressed (400 over).")
 
     @field_validator("upstream")

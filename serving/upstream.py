@@ -1,9 +1,9 @@
 """Where the (compressed) request goes: the in-process decoder or a remote OpenAI-compatible server.
 
 * :class:`EmbeddedUpstream`: a :class:`~adapters.decoders.DecoderBackend` in this process (default: the
-  default model). Applies the chat template, generates in a worker thread (one request at a time, the
-  model is shared), streams token by token, and stops a generation whose client left or whose deadline
-  passed.
+  default model). Applies the chat template, generates in a worker thread (the model is shared: non-streaming
+  requests that arrive together with the same sampling parameters are decoded as one batch, streams one at a
+  time), streams token by token, and stops a generation whose client left or whose deadline passed.
 * :class:`RemoteUpstream`: any OpenAI-compatible server (vLLM, another proxy, OpenAI) over one reused
   ``httpx.AsyncClient``; every field the client sent passes through. Unreachable: 502; timeout: 504;
   the upstream's own 4xx errors are relayed with their status.
@@ -29,6 +29,7 @@ from adapters.decoders import DecoderBackend, Generation, GenerationParams, HFBa
 from compressor.errors import InputError
 from compressor.prompt import Prompt, PromptBuilder, PromptTemplate
 
+from .batching import DecodeBatcher, DecodeTimeout
 from .protocol import ChatCompletionRequest, CompletionRequest, ProxyError, new_id, now
 
 __all__ = ["Upstream", "EmbeddedUpstream", "RemoteUpstream"]
@@ -74,7 +75,7 @@ class EmbeddedUpstream(Upstream):
     transformers decoder takes soft rows (generation from input embeddings), so soft methods are served."""
 
     def __init__(self, backend: DecoderBackend, served_name: str | None = None, *, timeout_s: float = 120.0,
-                 default_max_tokens: int = 256) -> None:
+                 default_max_tokens: int = 256, batch_max_size: int = 1, batch_max_wait_ms: float = 0.0) -> None:
         self.backend = backend
         self.served_name = served_name or backend.model_name
         self.name = "embedded"
@@ -82,6 +83,8 @@ class EmbeddedUpstream(Upstream):
         self.default_max_tokens = default_max_tokens
         self.created = now()
         self._lock = threading.Lock()
+        # non-streaming generations with the same parameters are decoded together; streams run one at a time
+        self.batcher = DecodeBatcher(batch_max_size, batch_max_wait_ms, lock=self._lock)
         self.decoder = backend.model_name
         self.takes_embeddings = backend.hidden_size is not None
         cfg = getattr(getattr(backend, "model", None), "config", None)
@@ -164,14 +167,10 @@ class EmbeddedUpstream(Upstream):
     async def complete(self, kind: Kind, req: Request, payload: list[Any], rows: Rows = None) -> dict[str, Any]:
         jobs = self._jobs(kind, req, payload, rows)
         deadline = time.monotonic() + self.timeout_s
-        never = threading.Event()
-
-        def run_all() -> list[Generation]:
-            return [self._run(p, params, deadline, None, never) for _, p, params in jobs]
-
         try:
-            gens = await anyio.to_thread.run_sync(run_all)
-        except _Stop:
+            gens = await asyncio.gather(*(self.batcher.decode(self.backend, p, params, deadline)
+                                          for _, p, params in jobs))
+        except DecodeTimeout:
             raise self._timeout() from None
         rid, created = new_id(kind), now()
         if kind == "chat":

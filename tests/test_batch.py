@@ -75,7 +75,7 @@ def test_sentinel_shipped_bf16_batch_keeps_the_same_sentences(counter, requests_
 
 
 def test_icae_batch_equals_single(counter, requests_):
-    comp = get_compressor("icae", counter=counter)
+    comp = get_compressor("icae", counter=counter, dtype="float32")  # bf16 rounding depends on batch mates
     reqs = requests_[:4]
     single = [comp.compress(q, ps) for q, ps, _ in reqs]
     before = comp.encoded_passages
@@ -87,7 +87,7 @@ def test_icae_batch_equals_single(counter, requests_):
         for pb, ps in zip(b.passages, s.passages, strict=True):
             assert (pb.embeds is None) == (ps.embeds is None)
             if pb.embeds is not None:
-                torch.testing.assert_close(pb.embeds, ps.embeds, atol=2e-2, rtol=2e-2)
+                torch.testing.assert_close(pb.embeds, ps.embeds, atol=1e-4, rtol=1e-4)
 
 
 def test_composition_batch_equals_single(counter, requests_):

@@ -1,9 +1,10 @@
-"""The proxy's micro-batching of compression (serving/batching.py), under real concurrency: a server on a
+"""The proxy's micro-batching of compression and of the in-process decoder (serving/batching.py), under real concurrency: a server on a
 thread, clients on threads. Each client gets its own result (nothing reordered), a failing request fails alone,
 a batch that fills does not wait, a lone request waits at most the bound, and a slow client holds nobody."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import threading
@@ -13,10 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from adapters.decoders import FakeBackend
+from adapters.decoders import FakeBackend, GenerationParams, HFBackend
 from compressor import Budget, get_compressor
+from compressor.prompt import Prompt
 from serving.app import create_app, serve_in_thread
-from serving.batching import CompressionBatcher
+from serving.batching import CompressionBatcher, DecodeBatcher, DecodeTimeout
 from serving.settings import ProxySettings
 
 TOPICS = ["Lisbon", "Porto", "Madrid", "Paris", "Berlin", "Rome", "Vienna", "Prague", "Oslo", "Dublin"]
@@ -118,3 +120,54 @@ def test_batching_off_and_bad_settings(smol_tokenizer):
         CompressionBatcher(max_batch=0)
     with pytest.raises(ValueError):
         ProxySettings(batch_max_size=0)
+
+
+# -- decoding together (the in-process decoder) --------------------------------------------------------------
+def test_the_decode_batcher_keeps_order_isolates_a_failing_prompt_and_times_out(smol_tokenizer):
+    class Picky(FakeBackend):
+        def generate(self, prompts, params=None):
+            if any(len(p) == 3 for p in prompts):
+                raise RuntimeError("this prompt breaks the decoder")
+            return super().generate(prompts, params)
+
+    backend, params = Picky(smol_tokenizer, model_name="fake"), GenerationParams(max_new_tokens=8)
+    batcher = DecodeBatcher(max_batch=4, max_wait_ms=200)
+
+    async def run(deadline_s: float) -> list:
+        return await asyncio.gather(*(batcher.decode(backend, Prompt(segments=[[7] * n]), params,
+                                                     time.monotonic() + deadline_s) for n in (2, 3, 4, 5)),
+                                    return_exceptions=True)
+
+    out = asyncio.run(run(30))
+    assert [o.text for o in (out[0], out[2], out[3])] == ["2 prompt rows", "4 prompt rows", "5 prompt rows"]
+    assert isinstance(out[1], RuntimeError)  # alone: the batch failed, then each prompt ran on its own
+    assert (batcher.batches, batcher.batched) == (3, 3)
+    assert all(isinstance(o, DecodeTimeout) for o in asyncio.run(run(-1)))  # past its deadline: no decoder
+
+
+@pytest.mark.real_model
+def test_the_embedded_decoder_decodes_concurrent_requests_together_with_the_same_answers():
+    backend = HFBackend.load("smollm2-135m-instruct", dtype="float32")  # batch == alone to float32 rounding
+    questions = ["What is the capital of France?", "Name a colour of the sky.", "What is 2 + 2?",
+                 "Who wrote Hamlet?", "What do bees make?", "Which planet is red?"]
+
+    def chat(q: str, **kw) -> dict:
+        return {"model": "smol", "max_tokens": 12, "temperature": 0, "messages": [{"role": "user", "content": q}],
+                "compression": {"enabled": False}, **kw}
+
+    def text(r: httpx.Response) -> str:
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]["content"]
+
+    settings = {"served_model_name": "smol", "method": "bm25"}
+    with serve_in_thread(create_app(ProxySettings(batch_max_size=1, **settings), backend=backend)) as base:
+        alone = [text(httpx.post(base + "/v1/chat/completions", json=chat(q), timeout=120)) for q in questions]
+        seeded = text(httpx.post(base + "/v1/chat/completions", json=chat(questions[0], temperature=1, seed=3),
+                                 timeout=120))
+    with serve_in_thread(create_app(ProxySettings(batch_max_size=8, batch_max_wait_ms=500, **settings),
+                                    backend=backend)) as base:
+        rs = post_all(base, [chat(q) for q in questions] + [chat(questions[0], temperature=1, seed=3)])
+        assert [text(r) for r in rs[:-1]] == alone  # each client its own answer, as if it had been alone
+        assert text(rs[-1]) == seeded  # a seeded sample runs alone: its seed gives the same text
+        assert metric(base, "ragpress_decode_batched_requests_total") == len(questions) + 1
+        assert metric(base, "ragpress_decode_batches_total") <= 3  # six greedy prompts in one or two batches

@@ -332,6 +332,9 @@ class ICAECompressor(Compressor):
             return None
         return DecoderAdapter(name=f"icae-{self.artifact_id[:12]}", lora=found[0], tensors=found[1])
 
+    def caches(self) -> list[Any]:
+        return [self.cache] if self.cache is not None else []
+
     def run_stats(self) -> dict[str, Any]:
         return {"trained": self.trained, "encoded_passages": self.encoded_passages,
                 "slot_cache_hits": self.cache.hits if self.cache else None}

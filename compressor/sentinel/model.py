@@ -85,6 +85,10 @@ class SentinelCompressor(SentenceFilter):
                               "compress reads) to index passages")
         return self.attention.index_sentences(passages, _spans_by_passage(passages, self.sentences(passages)))
 
+    def caches(self) -> list[Any]:
+        cache = getattr(self.attention, "embed_cache", None)
+        return [cache] if cache is not None else []
+
     def score_sentences(self, query: str, passages: list[Passage], sentences: list[Sentence]) -> np.ndarray:
         if not sentences:
             return np.zeros(0)
