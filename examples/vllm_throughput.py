@@ -10,7 +10,8 @@ For each method, two passes, each timed from the raw question + passages to the 
 
 ``NAME@cache`` reads a per-passage cache filled before the timed passes (index time, as ``ragpress index``
 would): sentinel's sentence embeddings, icae's memory slots. Every compressor is built and warmed up on an
-unrelated question before timing; the engine's shared prompt prefix is warmed up too, so no method pays for it.
+unrelated question before timing. vLLM's prefix cache is emptied before each method and then holds only the
+prompts' shared instruction prefix, so no method pays for that prefix and none reuses another's prompts.
 Compression and decoding share this machine's cores, as they would in one serving process.
 
 Run with ``make bench-vllm`` (sets up .venv-vllm) or
@@ -84,10 +85,13 @@ def main(argv: list[str] | None = None) -> int:
 
     backend = VLLMBackend.load(args.decoder, dtype="bfloat16", kv_cache_gib=3.0)
     torch.set_num_threads(threads)  # vLLM's CPU worker pins torch to its own thread count; compression gets all
-    backend.generate([builder.build(comps[m].compress(warm.question, warm.passages, budgets[m]))
-                      for m in comps], GenerationParams(max_new_tokens=2))  # the shared prefix, cached for all
+    warmup = [builder.build(comps[m].compress(warm.question, warm.passages, budgets[m])) for m in comps]
     rows = []
     for m, comp in comps.items():
+        # Each method starts from an empty prefix cache holding only the shared instruction prefix: another
+        # method's identical prompts (sentinel and sentinel@cache keep the same sentences) must not be reused.
+        backend.llm.reset_prefix_cache()
+        backend.generate(warmup, GenerationParams(max_new_tokens=2))
         t0 = time.perf_counter()
         ctxs = comp.compress_batch([(ex.question, ex.passages, budgets[m]) for ex in timed])
         t1 = time.perf_counter()

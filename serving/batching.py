@@ -46,6 +46,7 @@ class _MicroBatcher:
         self.batches = 0
         self.batched = 0
         self._pending: list[Any] = []
+        self._running = 0  # batches started and not finished: while one runs, the next calls gather
         self._timer: asyncio.TimerHandle | None = None
         self._counts = threading.Lock()
 
@@ -66,7 +67,7 @@ class _MicroBatcher:
         self._pending.append(item)
         if len(self._pending) >= self.max_batch:
             self._flush()
-        elif self._timer is None:
+        elif self._timer is None and not self._running:
             self._timer = asyncio.get_running_loop().call_later(self.max_wait_s, self._flush)
         return await item.future
 
@@ -76,32 +77,41 @@ class _MicroBatcher:
             self.batched += n
 
     def _flush(self) -> None:
-        """Take up to ``max_batch`` waiting calls (oldest first) and start them; arm the timer for the rest."""
+        """Take up to ``max_batch`` waiting calls (oldest first) and start them, unless a batch is running: then
+        the calls keep gathering (up to ``max_batch``) and start when it ends. Arm the timer for the rest."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._running:
+            return  # the running batch flushes when it ends
         take, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
         if take:
+            self._running += 1
             asyncio.get_running_loop().create_task(self._run(take))
         if self._pending:
             self._timer = asyncio.get_running_loop().call_later(self.max_wait_s, self._flush)
 
     async def _run(self, items: list[Any]) -> None:
-        groups: dict[Hashable, list[Any]] = {}
-        for it in items:
-            groups.setdefault(self._key(it), []).append(it)
-        for group in groups.values():
-            try:
-                results = await anyio.to_thread.run_sync(self._run_group, group)
-            except BaseException as e:  # noqa: BLE001 - delivered to every caller; never lost in a task
-                results = [e] * len(group)
-            for it, r in zip(group, results, strict=True):
-                if it.future.done():  # the client went away
-                    continue
-                if isinstance(r, BaseException):
-                    it.future.set_exception(r)
-                else:
-                    it.future.set_result(r)
+        try:
+            groups: dict[Hashable, list[Any]] = {}
+            for it in items:
+                groups.setdefault(self._key(it), []).append(it)
+            for group in groups.values():
+                try:
+                    results = await anyio.to_thread.run_sync(self._run_group, group)
+                except BaseException as e:  # noqa: BLE001 - delivered to every caller; never lost in a task
+                    results = [e] * len(group)
+                for it, r in zip(group, results, strict=True):
+                    if it.future.done():  # the client went away
+                        continue
+                    if isinstance(r, BaseException):
+                        it.future.set_exception(r)
+                    else:
+                        it.future.set_result(r)
+        finally:
+            self._running -= 1
+            if self._pending:
+                self._flush()
 
 
 @dataclass
