@@ -57,7 +57,9 @@ def index_corpus(method: str, passages: Sequence[Passage], cache_dir: str | Path
         raise ConfigError(f"--engine {engine!r}: choose local or ray")
     if workers < 1:
         raise ConfigError(f"--workers {workers}: give a positive number of Ray actors")
-    opts = {**(options or {}), "cache_dir": str(cache_dir)}
+    local = "://" not in str(cache_dir) or str(cache_dir).startswith("file://")
+    cache_dir = str(Path(str(cache_dir).removeprefix("file://")).resolve()) if local else str(cache_dir)
+    opts = {**(options or {}), "cache_dir": cache_dir}  # absolute: Ray workers may run in another folder
     t0 = time.perf_counter()
     unique = list({(p.title, p.text): p for p in passages}.values())  # a repeat is done once, wherever it is
     if engine == "ray":
@@ -114,7 +116,8 @@ def _index_ray(method: str, passages: list[Passage], decoder: str, options: dict
         ray.init(address=address, num_cpus=None if address else workers, include_dashboard=False,
                  log_to_driver=False, logging_level=logging.WARNING)
     ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = ctx.enable_progress_bars and progress
+    bars = ctx.enable_progress_bars
+    ctx.enable_progress_bars = bars and progress
     logging.getLogger("ray.data").setLevel(logging.INFO if progress else logging.WARNING)
     try:
         ds = ray.data.from_items([{"title": p.title or "", "text": p.text} for p in passages],
@@ -124,6 +127,7 @@ def _index_ray(method: str, passages: list[Passage], decoder: str, options: dict
                               batch_size=chunk, compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=1,
                               batch_format="numpy").take_all()
     finally:
+        ctx.enable_progress_bars = bars
         if started:
             ray.shutdown()
     totals: dict[str, Any] = dict.fromkeys(_TOTALS, 0)

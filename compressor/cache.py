@@ -9,15 +9,21 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .errors import ConfigError
+
 __all__ = ["TensorCache"]
+
+
+# fsspec protocols whose single PUT shows a whole object or none (memory: tests and one-process use).
+_OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "memory")
 
 
 class TensorCache:
     """One safetensors file per (namespace, sha256 of the key text) under ``root``. The namespace names
     everything the value depends on besides the key text (model, weights, options).
 
-    ``root`` is a local folder, or an fsspec URL (``s3://bucket/cache``, ``gs://…``, ``memory://…``; the
-    protocol's package must be installed, s3fs for s3). Local writes go to a temporary file in the same folder
+    ``root`` is a local folder, or an fsspec URL of an object store (``s3://bucket/cache``, ``gs://…``,
+    ``az://…``, ``memory://…``; the protocol's package must be installed, s3fs for s3). Local writes go to a temporary file in the same folder
     and are moved into place with ``os.replace``; an object store's single PUT is atomic already. Either way
     readers see a whole file or none, so several processes (proxy replicas, Ray index workers) may read and
     fill one cache at once: a value computed twice is written twice, identical."""
@@ -28,6 +34,11 @@ class TensorCache:
         if "://" in root and not root.startswith("file://"):
             import fsspec
 
+            protocol = root.split("://", 1)[0]
+            if protocol not in _OBJECT_STORES:
+                raise ConfigError(f"cache_dir {root!r}: {protocol}:// is not an object store, where one write is "
+                                  f"atomic; use a folder (a shared mount works) or one of "
+                                  f"{', '.join(p + '://' for p in _OBJECT_STORES)}")
             self.fs, base = fsspec.core.url_to_fs(root)
             self.dir: Any = f"{base.rstrip('/')}/{namespace}"
         else:

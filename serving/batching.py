@@ -18,6 +18,7 @@ client holds nobody. ``max_batch=1`` turns batching off (one call per request, n
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from collections.abc import Hashable
@@ -26,7 +27,7 @@ from typing import Any
 
 import anyio
 
-from adapters.decoders import DecoderBackend, Generation, GenerationParams
+from adapters.decoders import DecoderBackend, Generation, GenerationParams, GenerationStopped
 from compressor.base import Budget, CompressedContext, Compressor
 from compressor.prompt import Prompt
 
@@ -47,6 +48,7 @@ class _MicroBatcher:
         self.batched = 0
         self._pending: list[Any] = []
         self._running = 0  # batches started and not finished: while one runs, the next calls gather
+        self._tasks: set[asyncio.Task] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._counts = threading.Lock()
 
@@ -84,10 +86,13 @@ class _MicroBatcher:
             self._timer = None
         if self._running:
             return  # the running batch flushes when it ends
+        self._pending = [it for it in self._pending if not it.future.done()]  # their clients went away
         take, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
         if take:
             self._running += 1
-            asyncio.get_running_loop().create_task(self._run(take))
+            task = asyncio.get_running_loop().create_task(self._run(take))
+            self._tasks.add(task)  # held until done: the loop keeps only weak references to tasks
+            task.add_done_callback(self._tasks.discard)
         if self._pending:
             self._timer = asyncio.get_running_loop().call_later(self.max_wait_s, self._flush)
 
@@ -97,9 +102,14 @@ class _MicroBatcher:
             for it in items:
                 groups.setdefault(self._key(it), []).append(it)
             for group in groups.values():
+                group = [it for it in group if not it.future.done()]  # their clients went away meanwhile
+                if not group:
+                    continue
                 try:
                     results = await anyio.to_thread.run_sync(self._run_group, group)
-                except BaseException as e:  # noqa: BLE001 - delivered to every caller; never lost in a task
+                    if len(results) != len(group):
+                        raise RuntimeError(f"a batch of {len(group)} calls gave {len(results)} results")
+                except Exception as e:  # noqa: BLE001 - delivered to every caller of the group
                     results = [e] * len(group)
                 for it, r in zip(group, results, strict=True):
                     if it.future.done():  # the client went away
@@ -109,6 +119,9 @@ class _MicroBatcher:
                     else:
                         it.future.set_result(r)
         finally:
+            for it in items:  # whatever happened above (cancellation included), no caller waits forever
+                if not it.future.done():
+                    it.future.set_exception(RuntimeError("the batch this call was in did not finish"))
             self._running -= 1
             if self._pending:
                 self._flush()
@@ -193,21 +206,26 @@ class DecodeBatcher(_MicroBatcher):
         return id(item.backend), item.params.model_dump_json()
 
     def _run_group(self, group: list[_Decode]) -> list[Generation | BaseException]:
-        wait = max(it.deadline for it in group) - time.monotonic()
+        last = max(it.deadline for it in group)
+        wait = last - time.monotonic()
         if wait < 0 or not self.lock.acquire(timeout=wait):
-            return [DecodeTimeout()] * len(group)
+            return [DecodeTimeout() for _ in group]
         try:
             try:
-                gens: list[Any] = list(group[0].backend.generate([it.prompt for it in group], group[0].params))
+                gens: list[Any] = self._generate(group, last)
                 self._count(len(group))
+            except GenerationStopped:
+                return [DecodeTimeout() for _ in group]
             except Exception as e:  # noqa: BLE001 - find which prompt failed; the others still answer
                 if len(group) == 1:
                     return [e]
                 gens = []
                 for it in group:
                     try:
-                        gens.append(it.backend.generate([it.prompt], it.params)[0])
+                        gens.append(self._generate([it], it.deadline)[0])
                         self._count(1)
+                    except GenerationStopped:
+                        gens.append(DecodeTimeout())
                     except Exception as e1:  # noqa: BLE001 - this call's own failure
                         gens.append(e1)
         finally:
@@ -215,3 +233,16 @@ class DecodeBatcher(_MicroBatcher):
         now = time.monotonic()
         return [DecodeTimeout() if now > it.deadline and not isinstance(g, BaseException) else g
                 for it, g in zip(group, gens, strict=True)]
+
+    @staticmethod
+    def _generate(group: list[_Decode], deadline: float) -> list[Generation]:
+        """One ``generate`` for the group; a backend that takes a ``stop`` check (the transformers one) ends its
+        decode loop once ``deadline`` passes or every caller has left."""
+        backend, prompts, params = group[0].backend, [it.prompt for it in group], group[0].params
+        if "stop" not in inspect.signature(backend.generate).parameters:
+            return list(backend.generate(prompts, params))
+
+        def stop() -> bool:
+            return time.monotonic() > deadline or all(it.future is not None and it.future.done() for it in group)
+
+        return list(backend.generate(prompts, params, stop=stop))

@@ -167,11 +167,13 @@ class EmbeddedUpstream(Upstream):
     async def complete(self, kind: Kind, req: Request, payload: list[Any], rows: Rows = None) -> dict[str, Any]:
         jobs = self._jobs(kind, req, payload, rows)
         deadline = time.monotonic() + self.timeout_s
-        try:
-            gens = await asyncio.gather(*(self.batcher.decode(self.backend, p, params, deadline)
-                                          for _, p, params in jobs))
-        except DecodeTimeout:
-            raise self._timeout() from None
+        gens = await asyncio.gather(*(self.batcher.decode(self.backend, p, params, deadline) for _, p, params in jobs),
+                                    return_exceptions=True)
+        failed = next((g for g in gens if isinstance(g, BaseException)), None)
+        if isinstance(failed, DecodeTimeout):
+            raise self._timeout()
+        if failed is not None:
+            raise failed
         rid, created = new_id(kind), now()
         if kind == "chat":
             choices = [{"index": i, "message": {"role": "assistant", "content": g.text}, "logprobs": None,

@@ -20,8 +20,6 @@ import pytest
 from adapters.datasets import corpus_of, load_dataset
 from adapters.indexing import index_corpus
 
-pytestmark = pytest.mark.real_model
-
 REPO = Path(__file__).resolve().parents[1]
 HOTPOT = REPO.parent / "shared" / "data" / "hotpotqa_train" / "hotpotqa_train_a.jsonl"
 SMOL = "smollm2-135m-instruct"
@@ -37,6 +35,7 @@ def _corpus(limit: int):
     return corpus_of(load_dataset("hotpotqa", HOTPOT, limit=limit))
 
 
+@pytest.mark.real_model
 @pytest.mark.parametrize("method,options,atol", [("sentinel", {"dtype": "float32"}, 1e-5),
                                                  ("icae", {"dtype": "float32"}, 1e-4)])  # float32: batch mates differ
 def test_ray_index_equals_the_local_index(tmp_path, method, options, atol):
@@ -82,14 +81,18 @@ def test_ray_engine_without_ray_is_one_line(monkeypatch, tmp_path):
 
 
 # -- two proxies, one cache ---------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:  # all bound at once: n different ports
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
-def _serve(cache: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+def _serve(cache: Path, log: Path, port: int) -> tuple[subprocess.Popen, str]:
     cmd = [str(Path(sys.executable).parent / "ragpress"), "serve", "--port", str(port), "--method", "sentinel",
            "--cache-dir", str(cache), "--no-inspector", "--batch-max-size", "1"]
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO,
@@ -131,11 +134,13 @@ def _kept(info: dict) -> list:
     return [[s["sentence"] for s in p["sentences"] if s["kept"]] for p in info["explanation"][0]["passages"]]
 
 
+@pytest.mark.real_model
 def test_two_proxies_share_one_cache(tmp_path):
     data = load_dataset("hotpotqa", HOTPOT, limit=8) if HOTPOT.is_file() else pytest.skip("no shared data")
     cache = tmp_path / "cache"
     index_corpus("sentinel", data[6].passages, cache, SMOL, progress=False)  # ahead of time, as `ragpress index`
-    (pa, a), (pb, b) = _serve(cache, tmp_path / "a.log"), _serve(cache, tmp_path / "b.log")
+    port_a, port_b = _free_ports(2)
+    (pa, a), (pb, b) = _serve(cache, tmp_path / "a.log", port_a), _serve(cache, tmp_path / "b.log", port_b)
     try:
         _wait(pa, a, tmp_path / "a.log")
         _wait(pb, b, tmp_path / "b.log")
@@ -171,4 +176,25 @@ def test_two_proxies_share_one_cache(tmp_path):
     finally:
         for p in (pa, pb):
             p.terminate()
-            p.wait(timeout=30)
+        for p in (pa, pb):
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def test_an_object_store_cache_and_a_refused_protocol(tmp_path):
+    import torch
+
+    from compressor.cache import TensorCache
+    from compressor.errors import ConfigError
+
+    a, b = TensorCache("memory://ragpress-test/cache", "ns"), TensorCache("memory://ragpress-test/cache", "ns")
+    assert a.get("a passage") is None and a.misses == 1
+    a.put("a passage", torch.ones(2, 3))
+    assert torch.equal(b.get("a passage"), torch.ones(2, 3)) and b.hits == 1  # another reader sees the whole value
+    local = TensorCache(f"file://{tmp_path}", "ns")
+    local.put("x", torch.zeros(1))
+    assert (tmp_path / "ns").is_dir() and not list(tmp_path.rglob(".tmp-*"))
+    with pytest.raises(ConfigError, match=r"sftp:// is not an object store"):
+        TensorCache("sftp://host/cache", "ns")

@@ -7,12 +7,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .base import DecoderBackend, Generation, GenerationParams, backend_for
+from .base import DecoderBackend, Generation, GenerationParams, GenerationStopped, backend_for
 from .fake import FakeBackend
 from .hf import HFBackend
 
-__all__ = ["DecoderBackend", "FakeBackend", "Generation", "GenerationParams", "HFBackend", "RemoteVLLMBackend",
-           "VLLMBackend", "backend_for"]
+__all__ = ["DecoderBackend", "FakeBackend", "Generation", "GenerationParams", "GenerationStopped", "HFBackend",
+           "RemoteVLLMBackend", "VLLMBackend", "backend_for"]
 
 _LAZY = {"VLLMBackend": ".vllm", "RemoteVLLMBackend": ".remote"}
 

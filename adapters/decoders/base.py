@@ -22,7 +22,11 @@ from compressor.base import Compressor, DecoderAdapter
 from compressor.errors import ConfigError
 from compressor.prompt import Prompt, PromptBuilder, PromptTemplate
 
-__all__ = ["GenerationParams", "Generation", "DecoderBackend"]
+__all__ = ["GenerationParams", "Generation", "GenerationStopped", "DecoderBackend"]
+
+
+class GenerationStopped(Exception):  # noqa: N818 - a signal, not a failure
+    """A backend's decode loop ended early because its caller's ``stop`` check said so."""
 
 
 class GenerationParams(BaseModel):

@@ -11,7 +11,14 @@ from compressor.base import DecoderAdapter
 from compressor.errors import ArtifactError, InputError
 from compressor.prompt import Prompt, embed_prompt
 
-from .base import DecoderBackend, Generation, GenerationParams, _cut_at_stop, _stream_safe_len
+from .base import (
+    DecoderBackend,
+    Generation,
+    GenerationParams,
+    GenerationStopped,
+    _cut_at_stop,
+    _stream_safe_len,
+)
 
 __all__ = ["HFBackend"]
 
@@ -84,8 +91,18 @@ class HFBackend(DecoderBackend):
             rows.append(torch.cat([pad_row.expand(L - n, -1), e], dim=0) if n < L else e)
         return {"inputs_embeds": torch.stack(rows), "attention_mask": mask, "position_ids": pos}
 
-    def generate(self, prompts: Sequence[Prompt], params: GenerationParams | None = None) -> list[Generation]:
-        return self._generate(prompts, params or GenerationParams(), None)
+    def generate(self, prompts: Sequence[Prompt], params: GenerationParams | None = None,
+                 stop: Callable[[], bool] | None = None) -> list[Generation]:
+        """``stop``: checked after every new token; when it returns True the decode loop ends by raising
+        :class:`GenerationStopped` (a caller's deadline passed, its clients left)."""
+        if stop is None:
+            return self._generate(prompts, params or GenerationParams(), None)
+
+        def check(i: int, text: str, done: bool) -> None:
+            if stop():
+                raise GenerationStopped()
+
+        return self._generate(prompts, params or GenerationParams(), check)
 
     def stream(self, prompt: Prompt, params: GenerationParams | None = None,
                on_delta: Callable[[str], None] | None = None) -> Generation:
