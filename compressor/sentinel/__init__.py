@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..base import TokenCounter
 from ..errors import ArtifactError
 from ..registry import register_compressor
 from .config import SentinelConfig
-from .model import SHIPPED_ARTIFACT, SentinelCompressor, SentinelProbe
+from .model import FAST_ARTIFACT, SHIPPED_ARTIFACT, SentinelCompressor, SentinelProbe
 
-__all__ = ["SentinelConfig", "SentinelCompressor", "SentinelProbe", "SHIPPED_ARTIFACT"]
-
-
-def _make(counter: TokenCounter, artifact: str | None = None, **options) -> SentinelCompressor:
-    if artifact is None and not (SHIPPED_ARTIFACT / "compressor_config.json").is_file():
-        raise ArtifactError(f"no shipped sentinel probe at {SHIPPED_ARTIFACT}; train one with `ragpress train "
-                            "sentinel --out DIR` and pass `--artifact DIR`")
-    return SentinelCompressor.from_pretrained(artifact or SHIPPED_ARTIFACT, counter, **options)
+__all__ = ["SentinelConfig", "SentinelCompressor", "SentinelProbe", "SHIPPED_ARTIFACT", "FAST_ARTIFACT"]
 
 
-# Always registered; without its trained probe it refuses to build (untrained weights are never a compressor).
-register_compressor("sentinel", _make, kind="text", description="attention probe on a proxy LLM (trained)",
-                    cacheable=True, artifact=SHIPPED_ARTIFACT)
+def _maker(shipped: Path, layers: str):
+    def make(counter: TokenCounter, artifact: str | None = None, **options) -> SentinelCompressor:
+        if artifact is None and not (shipped / "compressor_config.json").is_file():
+            raise ArtifactError(f"no shipped sentinel probe at {shipped}; train one with `ragpress train sentinel "
+                                f"--out DIR --layers {layers}` and pass `--artifact DIR`")
+        return SentinelCompressor.from_pretrained(artifact or shipped, counter, **options)
+
+    return make
+
+
+# Always registered; without its trained probe each refuses to build (untrained weights are never a compressor).
+# The two differ only in how many proxy layers the probe reads: 4 (sentinel) or 2 (sentinel_fast, about half the
+# proxy's cost, the same answers within noise on the benchmark; docs/experiments/sentinel.md#cost).
+register_compressor("sentinel", _maker(SHIPPED_ARTIFACT, "4"), kind="text", cacheable=True,
+                    description="attention probe on a proxy LLM (trained)", artifact=SHIPPED_ARTIFACT)
+register_compressor("sentinel_fast", _maker(FAST_ARTIFACT, "2"), kind="text", cacheable=True,
+                    description="the attention probe on 2 proxy layers, not 4 (trained)", artifact=FAST_ARTIFACT)

@@ -26,9 +26,10 @@ from ..filters.base import Sentence, SentenceFilter
 from .config import DEFAULT_LAYOUT, FORMAT_VERSION, FeatureLayout, SentinelConfig
 from .rerank import RERANK_FEATURES, HopReranker
 
-__all__ = ["SentinelProbe", "SentinelCompressor", "SHIPPED_ARTIFACT"]
+__all__ = ["SentinelProbe", "SentinelCompressor", "SHIPPED_ARTIFACT", "FAST_ARTIFACT"]
 
 SHIPPED_ARTIFACT = Path(__file__).resolve().parents[1] / "artifacts" / "sentinel-smollm2-135m"
+FAST_ARTIFACT = SHIPPED_ARTIFACT.with_name("sentinel-smollm2-135m-l2")  # the same probe on 2 proxy layers
 _KEYS = {"scaler_mean", "scaler_scale", "coef", "intercept"}
 
 
