@@ -21,7 +21,7 @@ import asyncio
 import inspect
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +72,25 @@ class _MicroBatcher:
         elif self._timer is None and not self._running:
             self._timer = asyncio.get_running_loop().call_later(self.max_wait_s, self._flush)
         return await item.future
+
+    def _together_or_alone(self, group: list[Any], run: Callable[[list[Any]], list[Any]]) -> list[Any]:
+        """``run(group)``; if it raises, ``run([call])`` for each call alone, so only the failing calls fail (their
+        exception is their result). Counts the runs that answered."""
+        try:
+            out = run(group)
+            self._count(len(group))
+            return out
+        except Exception as e:  # noqa: BLE001 - find which call failed; the others still answer
+            if len(group) == 1:
+                return [e]
+        out = []
+        for it in group:
+            try:
+                out.append(run([it])[0])
+                self._count(1)
+            except Exception as e:  # noqa: BLE001 - this call's own failure
+                out.append(e)
+        return out
 
     def _count(self, n: int) -> None:
         with self._counts:
@@ -153,27 +172,16 @@ class CompressionBatcher(_MicroBatcher):
         """One ``compress_batch`` for the group (plain ``compress`` for one); if it raises, each request alone,
         so only the failing ones fail."""
         comp = group[0].comp
+
+        def run(items: list[_Compress]) -> list[CompressedContext]:
+            if len(items) == 1:
+                it = items[0]
+                return [comp.compress(it.query, it.passages, it.budget, explain=it.explain)]
+            return list(comp.compress_batch([(it.query, it.passages, it.budget) for it in items],
+                                            explain=items[0].explain))
+
         with self.lock:
-            try:
-                if len(group) == 1:
-                    it = group[0]
-                    out: list[Any] = [comp.compress(it.query, it.passages, it.budget, explain=it.explain)]
-                else:
-                    out = list(comp.compress_batch([(it.query, it.passages, it.budget) for it in group],
-                                                   explain=group[0].explain))
-                self._count(len(group))
-                return out
-            except Exception as e:  # noqa: BLE001 - find which request failed; the others still answer
-                if len(group) == 1:
-                    return [e]
-            out = []
-            for it in group:
-                try:
-                    out.append(comp.compress(it.query, it.passages, it.budget, explain=it.explain))
-                    self._count(1)
-                except Exception as e:  # noqa: BLE001 - this request's own failure
-                    out.append(e)
-            return out
+            return self._together_or_alone(group, run)
 
 
 class DecodeTimeout(Exception):
@@ -211,23 +219,7 @@ class DecodeBatcher(_MicroBatcher):
         if wait < 0 or not self.lock.acquire(timeout=wait):
             return [DecodeTimeout() for _ in group]
         try:
-            try:
-                gens: list[Any] = self._generate(group, last)
-                self._count(len(group))
-            except GenerationStopped:
-                return [DecodeTimeout() for _ in group]
-            except Exception as e:  # noqa: BLE001 - find which prompt failed; the others still answer
-                if len(group) == 1:
-                    return [e]
-                gens = []
-                for it in group:
-                    try:
-                        gens.append(self._generate([it], it.deadline)[0])
-                        self._count(1)
-                    except GenerationStopped:
-                        gens.append(DecodeTimeout())
-                    except Exception as e1:  # noqa: BLE001 - this call's own failure
-                        gens.append(e1)
+            gens = self._together_or_alone(group, self._generate)
         finally:
             self.lock.release()
         now = time.monotonic()
@@ -235,14 +227,18 @@ class DecodeBatcher(_MicroBatcher):
                 for it, g in zip(group, gens, strict=True)]
 
     @staticmethod
-    def _generate(group: list[_Decode], deadline: float) -> list[Generation]:
+    def _generate(group: list[_Decode]) -> list[Generation | DecodeTimeout]:
         """One ``generate`` for the group; a backend that takes a ``stop`` check (the transformers one) ends its
-        decode loop once ``deadline`` passes or every caller has left."""
+        decode loop once the group's last deadline passes or every caller has left: then each call times out."""
         backend, prompts, params = group[0].backend, [it.prompt for it in group], group[0].params
+        deadline = max(it.deadline for it in group)
         if "stop" not in inspect.signature(backend.generate).parameters:
             return list(backend.generate(prompts, params))
 
         def stop() -> bool:
             return time.monotonic() > deadline or all(it.future is not None and it.future.done() for it in group)
 
-        return list(backend.generate(prompts, params, stop=stop))
+        try:
+            return list(backend.generate(prompts, params, stop=stop))
+        except GenerationStopped:
+            return [DecodeTimeout() for _ in group]
