@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from compressor.base import Passage, TokenCounter
+from compressor.cache import local_root
 from compressor.errors import ConfigError
 from compressor.registry import get_spec
 
@@ -57,8 +58,8 @@ def index_corpus(method: str, passages: Sequence[Passage], cache_dir: str | Path
         raise ConfigError(f"--engine {engine!r}: choose local or ray")
     if workers < 1:
         raise ConfigError(f"--workers {workers}: give a positive number of Ray actors")
-    local = "://" not in str(cache_dir) or str(cache_dir).startswith("file://")
-    cache_dir = str(Path(str(cache_dir).removeprefix("file://")).resolve()) if local else str(cache_dir)
+    local = local_root(cache_dir)
+    cache_dir = str(local.resolve()) if local is not None else str(cache_dir)
     opts = {**(options or {}), "cache_dir": cache_dir}  # absolute: Ray workers may run in another folder
     t0 = time.perf_counter()
     unique = list({(p.title, p.text): p for p in passages}.values())  # a repeat is done once, wherever it is

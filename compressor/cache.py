@@ -11,11 +11,19 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["TensorCache"]
+__all__ = ["TensorCache", "local_root"]
 
 
 # fsspec protocols whose single PUT shows a whole object or none (memory: tests and one-process use).
 _OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "memory")
+
+
+def local_root(root: str | Path) -> Path | None:
+    """The local folder ``root`` names (a path or a ``file://`` URL), or None for another fsspec URL."""
+    root = str(root)
+    if "://" in root and not root.startswith("file://"):
+        return None
+    return Path(root.removeprefix("file://"))
 
 
 class TensorCache:
@@ -29,9 +37,9 @@ class TensorCache:
     fill one cache at once: a value computed twice is written twice, identical."""
 
     def __init__(self, root: str | Path, namespace: str, tensor_name: str = "value") -> None:
-        root = str(root)
+        root, local = str(root), local_root(root)
         self.fs: Any = None
-        if "://" in root and not root.startswith("file://"):
+        if local is None:
             import fsspec
 
             protocol = root.split("://", 1)[0]
@@ -42,7 +50,7 @@ class TensorCache:
             self.fs, base = fsspec.core.url_to_fs(root)
             self.dir: Any = f"{base.rstrip('/')}/{namespace}"
         else:
-            self.dir = Path(root.removeprefix("file://")) / namespace
+            self.dir = local / namespace
         self.tensor_name = tensor_name
         self.hits = 0
         self.misses = 0
