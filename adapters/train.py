@@ -47,17 +47,15 @@ def train_soft(family: str, config: Any, train: Any, data: SoftData, out: str | 
     if family == "text-lora":
         return train_text_lora_artifact(config, train.model_copy(update={"stage1_steps": 0}),
                                         data.model_copy(update={"multi_passage": True}), out, work_dir, resume)
-    extra: dict[str, Any] = {}
     if family == "icae":
         from compressor.icae.train import train_icae as trainer
-
-        extra = {"accept": lambda text, r: accuracy(text, r.answers or (r.answer,)) > 0,
-                 "teacher_cache": data.teacher_cache,
-                 "score": lambda text, r: {"accuracy": accuracy(text, r.answers), "f1": f1_score(text, r.answers)}}
     elif family == "xrag":
         from compressor.xrag.train import train_xrag as trainer
     else:
         raise ValueError(f"train_soft trains icae or xrag, not {family!r}")
+    extra: dict[str, Any] = {
+        "accept": lambda text, r: accuracy(text, r.answers or (r.answer,)) > 0, "teacher_cache": data.teacher_cache,
+        "score": lambda text, r: {"accuracy": accuracy(text, r.answers), "f1": f1_score(text, r.answers)}}
     out = Path(out)
     texts, qa, provenance = xrag_records(data.data, data.n_stage1, data.n_nq, data.n_squad,
                                          0 if data.multi_passage else data.distractors, seed=train.seed)
@@ -65,8 +63,10 @@ def train_soft(family: str, config: Any, train: Any, data: SoftData, out: str | 
         qa, multi = distill_records(data.data, data.distractors or 9, data.n_nq, data.n_squad, data.n_hotpot,
                                     seed=train.seed)
         provenance = {**provenance, **multi}
-        if family == "icae" and data.n_val:
-            extra["val"], provenance["validation"] = distill_val_records(data.data, data.n_val, seed=train.seed)
+    if data.n_val and (data.multi_passage or family == "xrag"):
+        extra["val"], provenance["validation"] = distill_val_records(
+            data.data, data.n_val, distractors=(data.distractors or 9) if data.multi_passage else data.distractors,
+            seed=train.seed)
     work = Path(work_dir) if work_dir else Path("runs") / f"{family}-train" / out.name
     comp, report = trainer(texts, qa, work, config, train, resume=resume, **extra)
     trained = report["stage1_steps_done"] + report["stage2_steps_done"] > 0

@@ -196,10 +196,10 @@ def xrag_records(data_dir: str | Path, n_stage1: int | None = None, n_nq: int | 
     if distractors:
         nq_train = add_distractors(nq_train, [p for p in corpus_of(nq) if p.text not in held_out], distractors, seed)
     sq_train = [e for e in sq if e.answers and e.passages[0].text not in held_out][:n_squad]
-    qa = [QARecord(e.question, tuple(Passage(text=p.text, title=p.title) for p in e.passages), e.answers[0])
-          for e in nq_train]
+    qa = [QARecord(e.question, tuple(Passage(text=p.text, title=p.title) for p in e.passages), e.answers[0],
+                   tuple(e.answers), tuple(i for i, p in enumerate(e.passages) if p.evidence)) for e in nq_train]
     qa += [QARecord(e.question, (Passage(text=e.passages[0].text, title=e.passages[0].title),),
-                    min(e.answers, key=len)) for e in sq_train]
+                    min(e.answers, key=len), tuple(e.answers)) for e in sq_train]
     data = {
         "stage1": f"{len(stage1)} of {len(texts)} passages: abstracts {counts['abstracts']}, NQ gold passages of questions "
                   f"{EVAL_HOLDOUT['nq']}+ {counts['nq']}, HotpotQA paragraphs (train_b, train_a[100:]) "

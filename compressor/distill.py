@@ -26,7 +26,7 @@ from .cache import TensorCache
 from .prompt import PromptBuilder
 from .training import QARecord, answer_ids, text_prompt
 
-__all__ = ["Target", "teacher_targets", "stop_ids", "distill_loss"]
+__all__ = ["Target", "teacher_targets", "stop_ids", "distill_loss", "soft_answer", "score_soft_answers"]
 
 
 @dataclass(frozen=True)
@@ -146,3 +146,49 @@ def distill_loss(logits: torch.Tensor, targets: Sequence[Target], temperature: f
     if not parts:
         return logits.new_zeros(())
     return torch.cat(parts).mean() * temperature * temperature
+
+
+@torch.no_grad()
+def soft_answer(model: Any, builder: PromptBuilder, ctx: Any, max_new_tokens: int) -> list[int]:
+    """The decoder's greedy answer tokens (stop token excluded) to ``ctx`` (a compressed context, soft rows
+    spliced in): the validation answers of the trained soft families' learning curves."""
+    from .prompt import embed_prompt
+
+    stop = stop_ids(builder)
+    x = embed_prompt(model, builder.build(ctx))
+    out = model(inputs_embeds=x[None].to(model.get_input_embeddings().weight.dtype), use_cache=True)
+    ids: list[int] = []
+    for _ in range(max_new_tokens):
+        nxt = int(out.logits[0, -1].argmax())
+        if nxt in stop:
+            break
+        ids.append(nxt)
+        out = model(input_ids=torch.tensor([[nxt]], device=x.device), past_key_values=out.past_key_values, use_cache=True)
+    return ids
+
+
+@torch.no_grad()
+def score_soft_answers(model: Any, builder: PromptBuilder, records: Sequence[QARecord],
+                       rows_of: Callable[[QARecord], Sequence[torch.Tensor]],
+                       score: Callable[[str, QARecord], dict[str, float]], max_new_tokens: int, method: str,
+                       decoder: Callable[[], Any] | None = None) -> dict[str, Any]:
+    """Greedy answers of the decoder reading each record's soft rows (``rows_of(record)``: one tensor per
+    passage), one record at a time, inside ``decoder()`` (the context that switches a decoder adapter on)
+    when given; ``score(answer, record)`` averaged over the ``n`` records."""
+    import contextlib
+
+    from .base import CompressedContext, CompressedPassage
+
+    totals: dict[str, float] = {}
+    for r in records:
+        rows = list(rows_of(r))
+        ctx = CompressedContext(
+            method=method, kind="soft", query=r.question, n_input_passages=len(r.passages), tokens_in=0,
+            tokens_out=sum(int(x.shape[0]) for x in rows),
+            passages=[CompressedPassage(index=i, title=p.title, embeds=x, tokens_out=int(x.shape[0]))
+                      for i, (p, x) in enumerate(zip(r.passages, rows, strict=True))])
+        with decoder() if decoder is not None else contextlib.nullcontext():
+            ids = soft_answer(model, builder, ctx, max_new_tokens)
+        for k, v in score(builder.tokenizer.decode(ids, skip_special_tokens=True).strip(), r).items():
+            totals[k] = totals.get(k, 0.0) + v
+    return {"n": len(records), **{k: round(v / max(1, len(records)), 4) for k, v in totals.items()}}

@@ -81,7 +81,7 @@ def test_bridge_shapes_and_norm_calibration(tiny_model):
         assert float(b(x).norm(dim=-1).mean()) == pytest.approx(target, rel=1e-4)
     with pytest.raises(ValueError, match="expected 384"):
         b(torch.randn(2, 100))
-    assert set(b.tensors()) == {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
+    assert set(b.tensors()) == {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "in_mean", "in_std"}
 
 
 def test_index_round_trip_and_retrieval_order(index, tmp_path):
@@ -274,3 +274,115 @@ def test_cli_untrained_control_and_retrieval_eval(tiny_model_dir, tmp_path, monk
         assert main(["eval", "--dataset", "nq", "--path", str(nq), "--method", "xrag", "--limit", "1",
                      "--decoder", str(tiny_model_dir)]) == 2
         assert "no shipped xrag bridge" in capsys.readouterr().err
+
+
+# -- format 2: the decoder's own hidden states as the bridge input, several rows per passage -----------------------
+
+def test_pool_pieces_runs_and_sink_left_out():
+    from compressor.xrag.features import pool_pieces
+
+    h = torch.arange(9, dtype=torch.float32)[:, None].repeat(1, 2)  # position p holds p
+    assert pool_pieces(h, 9, 2)[:, 0].tolist() == [2.5, 6.5]  # positions 1-4 and 5-8: position 0 left out
+    assert pool_pieces(h, 9, 1)[:, 0].tolist() == [4.5]
+    assert pool_pieces(h, 2, 4)[:, 0].tolist() == [0.0, 0.0, 1.0, 1.0]  # fewer tokens than pieces: repeats
+    assert pool_pieces(h, 9, 3).shape == (3, 2)
+
+
+def test_decoder_source_is_the_layer_hidden_state_pooled_and_batch_independent(tiny_model, smol_tokenizer):
+    from compressor.xrag.features import DecoderSource, pool_pieces
+
+    src = DecoderSource(tiny_model, smol_tokenizer, layer=1, pieces=3, batch_size=4)
+    texts = [p.text for p in PASSAGES]
+    together = src.encode(texts)
+    assert together.shape == (3, 3, HIDDEN)
+    for i, t in enumerate(texts):
+        ids = torch.tensor([smol_tokenizer(t, add_special_tokens=False)["input_ids"]])
+        with torch.no_grad():
+            hs = tiny_model(input_ids=ids, output_hidden_states=True).hidden_states[1][0]
+        torch.testing.assert_close(together[i], pool_pieces(hs, ids.shape[1], 3), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(src.encode([t])[0], together[i], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ConfigError, match="choose 0..2"):
+        DecoderSource(tiny_model, smol_tokenizer, layer=3, pieces=1)
+
+
+def _dec_comp(counter, tiny_model_dir, tiny_model, smol_tokenizer, cache_dir=None, rows=2, seed=0):
+    from compressor.xrag.features import DecoderSource
+
+    torch.manual_seed(seed)
+    cfg = XRAGConfig(decoder=str(tiny_model_dir), source="decoder", source_layer=1, source_dtype="float32",
+                     rows=rows, bridge_width=24, cache_dir=None if cache_dir is None else str(cache_dir))
+    return XRAGCompressor(counter, cfg, Bridge(HIDDEN, 24, HIDDEN),
+                          source=DecoderSource(tiny_model, smol_tokenizer, 1, rows))
+
+
+def test_decoder_source_rows_index_cache_and_batch(counter, tiny_model_dir, tiny_model, smol_tokenizer, tmp_path):
+    comp = _dec_comp(counter, tiny_model_dir, tiny_model, smol_tokenizer, tmp_path / "rows")
+    ctx = comp.compress("Which city is the capital?", PASSAGES)
+    assert [p.tokens_out for p in ctx.passages] == [2, 2, 2] and all(p.embeds.shape == (2, HIDDEN) for p in ctx.passages)
+    assert ctx.tokens_out == 6 and ctx.ratio == pytest.approx(ctx.tokens_in / 6)
+    fresh = _dec_comp(counter, tiny_model_dir, tiny_model, smol_tokenizer, tmp_path / "rows")
+    report = fresh.index(PASSAGES + [PASSAGES[0]])
+    assert (report.computed, report.cached, report.duplicates) == (0, 3, 1)  # the first compress stored them
+    again = fresh.compress("Which city is the capital?", PASSAGES)
+    assert fresh.encoded_on_the_fly == 0 and fresh.cache.hits >= 6
+    assert all(torch.equal(a.embeds, b.embeds) for a, b in zip(ctx.passages, again.passages))
+    other = _dec_comp(counter, tiny_model_dir, tiny_model, smol_tokenizer, tmp_path / "other")
+    assert other.index(PASSAGES).computed == 3
+    batch = other.compress_batch([("q one?", PASSAGES, None), ("q two?", [PASSAGES[2], PASSAGES[1]], None)])
+    single = [comp.compress("q one?", PASSAGES), comp.compress("q two?", [PASSAGES[2], PASSAGES[1]])]
+    for b, s in zip(batch, single):
+        assert all(torch.allclose(x.embeds, y.embeds, atol=1e-6) for x, y in zip(b.passages, s.passages))
+    with pytest.raises(BudgetError, match="least it keeps is 6"):
+        comp.compress("q?", PASSAGES, Budget(target_tokens=3, strict=True))
+    short = comp.compress("q?", [Passage(text="Paris")])  # no longer than its rows: passes as text
+    assert short.passages[0].text == "Paris" and short.passages[0].embeds is None
+
+
+def test_decoder_source_artifact_round_trip_and_refusals(counter, tiny_model_dir, tiny_model, smol_tokenizer,
+                                                         tmp_path):
+    comp = _dec_comp(counter, tiny_model_dir, tiny_model, smol_tokenizer, rows=3)
+    comp.bridge.standardise_(torch.randn(50, HIDDEN) * 5 + 2)
+    path = comp.save_pretrained(tmp_path / "art", trained=True, training={"data": "unit test"})
+    cfg = json.loads((path / "compressor_config.json").read_text())
+    assert cfg["format_version"] == 2 and "embedder" not in cfg and cfg["rows"] == 3
+    assert cfg["source"] == {"source": "decoder", "layer": 1, "pieces": 3, "dtype": "float32"}
+    again = XRAGCompressor.from_pretrained(path, counter, decoder=str(tiny_model_dir))
+    assert torch.equal(again.bridge.in_std, comp.bridge.in_std)
+    a, b = comp.compress("q?", PASSAGES), again.compress("q?", PASSAGES)
+    assert all(torch.allclose(x.embeds, y.embeds, atol=1e-5) for x, y in zip(a.passages, b.passages))
+    other = tmp_path / "other-decoder"
+    make_tiny_llama(len(smol_tokenizer), seed=1).save_pretrained(other)
+    with pytest.raises(BaseModelMismatchError, match="trained with decoder"):
+        XRAGCompressor.from_pretrained(path, counter, decoder=str(other))
+    with pytest.raises(ConfigError, match="rows is fixed"):
+        XRAGCompressor.from_pretrained(path, counter, decoder=str(tiny_model_dir), rows=1)
+
+
+def test_format_1_artifact_still_loads(counter):
+    exp1 = REPO / "compressor" / "artifacts" / "xrag-minilm-smollm2-exp1"
+    comp = load_xrag(counter, exp1)
+    assert comp.config.source == "embedder" and comp.config.rows == 1 and comp.bridge.per_input == 1
+    assert torch.equal(comp.bridge.in_mean, torch.zeros(384)) and torch.equal(comp.bridge.in_std, torch.ones(384))
+
+
+def test_distilled_training_on_decoder_states_validates_and_resumes(tiny_model_dir, tmp_path, monkeypatch):
+    qa = [QARecord("What is the capital of France?", (PASSAGES[0],), "Paris", ("Paris",), (0,)),
+          QARecord("What produces ATP?", (PASSAGES[1], PASSAGES[2]), "the mitochondrion", ("mitochondrion",), (0,))]
+
+    def run(work, resume=False, **kw):
+        cfg = XRAGConfig(decoder=str(tiny_model_dir), source="decoder", source_layer=2, source_dtype="float32",
+                         rows=2, bridge_width=16)
+        tc = XRAGTrainConfig(stage1_steps=2, stage2_steps=3, batch_size=2, checkpoint_every=1, precision="fp32",
+                             max_passage_tokens=12, max_answer_tokens=4, stage2_targets="distill", **kw)
+        return train_xrag(TEXTS, qa, work, cfg, tc, resume=resume, progress=False, log=lambda s: None,
+                          accept=lambda text, r: True, val=qa[:1],
+                          score=lambda text, r: {"f1": float(r.answer.lower() in text.lower())})
+
+    full, report = run(tmp_path / "a")
+    assert report["stage2_steps_done"] == 3 and [v["step"] for v in report["validation"]] == [0, 1, 2, 3, 4, 5]
+    assert (tmp_path / "teacher").exists() is False and (tmp_path / "a" / "teacher").is_dir()
+    assert full.config.rows == 2 and full.bridge.per_input == 1 and float(full.bridge.in_std.mean()) != 1.0
+    interrupted(monkeypatch, 4, lambda: run(tmp_path / "b"))
+    resumed, _ = run(tmp_path / "b", resume=True)
+    for k, v in full.bridge.tensors().items():
+        assert torch.allclose(v, resumed.bridge.tensors()[k], atol=1e-6), k

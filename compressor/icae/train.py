@@ -266,38 +266,18 @@ def validate_answers(enc: ICAEEncoder, tok: Any, builder: PromptBuilder, records
     """Greedy answers of the decoder reading each record's slots (one record at a time), scored by ``score``
     and averaged; ``n`` records. ``slots_of(texts, tokens)``: the rows of the passages, concatenated (default:
     encoded now)."""
-    from ..base import CompressedContext, CompressedPassage
-    from ..distill import stop_ids
-    from ..prompt import embed_prompt
+    from ..distill import score_soft_answers
+
+    def rows_of(r: QARecord) -> list[torch.Tensor]:
+        tokens = [list(tok(p.text, add_special_tokens=False)["input_ids"]) for p in r.passages]
+        if slots_of is None:
+            return enc.encode_passages(tokens, enc.config.encode_batch_size)
+        return list(slots_of([p.text for p in r.passages], tokens).split([enc.config.rows_for(len(t)) for t in tokens]))
 
     was_training = enc.training
     enc.eval()
-    stop = stop_ids(builder)
-    totals: dict[str, float] = {}
-    for r in records:
-        tokens = [list(tok(p.text, add_special_tokens=False)["input_ids"]) for p in r.passages]
-        if slots_of is None:
-            rows = enc.encode_passages(tokens, enc.config.encode_batch_size)
-        else:
-            rows = list(slots_of([p.text for p in r.passages], tokens).split(
-                [enc.config.rows_for(len(t)) for t in tokens]))
-        ctx = CompressedContext(
-            method="icae", kind="soft", query=r.question, n_input_passages=len(r.passages), tokens_in=0,
-            tokens_out=sum(int(x.shape[0]) for x in rows),
-            passages=[CompressedPassage(index=i, title=p.title, embeds=x, tokens_out=int(x.shape[0]))
-                      for i, (p, x) in enumerate(zip(r.passages, rows, strict=True))])
-        with enc.decoder():
-            x = embed_prompt(enc.lm, builder.build(ctx))
-            out = enc.lm(inputs_embeds=x[None].to(enc.lm.get_input_embeddings().weight.dtype), use_cache=True)
-            ids: list[int] = []
-            for _ in range(max_new_tokens):
-                nxt = int(out.logits[0, -1].argmax())
-                if nxt in stop:
-                    break
-                ids.append(nxt)
-                out = enc.lm(input_ids=torch.tensor([[nxt]], device=x.device), past_key_values=out.past_key_values, use_cache=True)
-        for k, v in score(tok.decode(ids, skip_special_tokens=True).strip(), r).items():
-            totals[k] = totals.get(k, 0.0) + v
-    if was_training:
-        enc.train()
-    return {"n": len(records), **{k: round(v / max(1, len(records)), 4) for k, v in totals.items()}}
+    try:
+        return score_soft_answers(enc.lm, builder, records, rows_of, score, max_new_tokens, "icae", enc.decoder)
+    finally:
+        if was_training:
+            enc.train()

@@ -11,7 +11,8 @@ from ..train_config import StagedTrainConfig
 
 __all__ = ["XRAGConfig", "XRAGTrainConfig", "FORMAT_VERSION", "SHIPPED_ARTIFACT"]
 
-FORMAT_VERSION = 1
+# 1: a MiniLM vector, one row. 2: the bridge input is a choice (``source``) and a passage may get several rows.
+FORMAT_VERSION = 2
 # The shipped bridge: ``xrag`` builds from it when no artifact is given (none ships yet).
 SHIPPED_ARTIFACT = Path(__file__).resolve().parents[1] / "artifacts" / "xrag-minilm-smollm2"
 
@@ -27,8 +28,25 @@ class XRAGConfig(BaseModel):
 
     embedder: str = Field(default="minilm-l6", description="Frozen retriever embedder: named model or HF folder.")
     decoder: str = Field(default="smollm2-135m-instruct", description="Frozen decoder: named model or HF folder.")
+    source: Literal["embedder", "decoder"] = Field(
+        default="embedder", description="What the bridge reads: the retriever embedder's vector of the passage "
+        "(xRAG's choice), or the frozen decoder's own hidden states of the passage at source_layer, mean-pooled "
+        "over `rows` equal runs of its tokens (one vector per row).")
+    source_layer: int = Field(default=15, ge=0, le=512, description="source=decoder: the hidden-state layer read "
+                              "(0: the input embeddings; the decoder's layers are numbered from 1).")
+    source_dtype: Literal["bfloat16", "float32"] = Field(default="bfloat16", description="source=decoder: the "
+                                                         "dtype the decoder reads the passage in (as trained).")
+    rows: int = Field(default=1, ge=1, le=64, description="Soft rows per passage (1: xRAG proper).")
     bridge_width: int = Field(default=1536, ge=8, le=16384, description="Hidden width of the two-layer bridge.")
     embed_batch_size: int = Field(default=64, ge=1, le=4096, description="Passages embedded per batch on a miss.")
+    cache_dir: str | None = Field(default=None, description="Where each passage's rows are kept (index time, "
+                                  "`ragpress index --method xrag`): a folder or an fsspec URL; None keeps none.")
+
+    def input_key(self) -> dict:
+        """What a passage's bridge input depends on besides the models' weights."""
+        if self.source == "embedder":
+            return {"source": "embedder"}
+        return {"source": "decoder", "layer": self.source_layer, "pieces": self.rows, "dtype": self.source_dtype}
 
 
 class XRAGTrainConfig(StagedTrainConfig):
@@ -46,6 +64,11 @@ class XRAGTrainConfig(StagedTrainConfig):
     stage2_lr: float = Field(default=2e-4, gt=0.0, le=1.0, description="Peak AdamW learning rate, stage 2.")
     kl_weight: float = Field(default=2.0, ge=0.0, le=100.0,
                              description="Weight of the self-distillation KL in stage 2 (xRAG uses 2.0).")
+    stage2_targets: Literal["text", "distill"] = Field(
+        default="text", description="Stage 2 targets: the gold answer + KL to the decoder reading the passages "
+        "as text in the same prompt (text, xRAG), or the cached answers and top-K distributions of the frozen "
+        "decoder reading the evidence passages (distill, compressor.distill; needs records with evidence).")
+    distill_top_k: int = Field(default=32, ge=1, le=1024, description="distill: teacher tokens kept per position.")
     max_passage_tokens: int = Field(default=128, ge=4, le=4096,
                                     description="Stage 1 target: passage tokens regenerated (longer ones are cut).")
     # Measured here (2 shared cores with AMX, batch 4, CPU-seconds a step): stage 1 bf16 14.1 / fp32 11.0,

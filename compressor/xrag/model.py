@@ -18,6 +18,8 @@ unlike text, do not transfer), and the budget cannot be tuned: it is one row per
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -26,32 +28,50 @@ import torch
 from .._version import __version__
 from ..artifacts import read_artifact, resolve_base_model, write_artifact
 from ..base import Budget, CompressedPassage, Compressor, Kept, Passage, TokenCounter
+from ..cache import TensorCache
 from ..errors import ArtifactError, ConfigError, InputError
 from ..retrieval import DocumentIndex
 from .config import FORMAT_VERSION, SHIPPED_ARTIFACT, XRAGConfig
-from .projector import BRIDGE_KEYS, Bridge
+from .projector import BRIDGE_KEYS, INPUT_KEYS, Bridge
 
 __all__ = ["XRAGCompressor", "SHIPPED_ARTIFACT", "load_xrag"]
 
 
 class XRAGCompressor(Compressor):
-    """Soft compressor: one bridge row per passage. Build with :meth:`from_pretrained` (a trained bridge)
-    or directly from a :class:`Bridge` (training, tests). ``index`` supplies stored passage vectors; a
-    passage missing from it is embedded on the fly and counted in :attr:`encoded_on_the_fly`."""
+    """Soft compressor: ``config.rows`` bridge rows per passage. Build with :meth:`from_pretrained` (a trained
+    bridge) or directly from a :class:`Bridge` (training, tests). With ``source="embedder"``, ``index``
+    (:attr:`doc_index`) supplies stored passage vectors and a passage missing from it is embedded on the fly (counted in
+    :attr:`encoded_on_the_fly`); with ``source="decoder"`` the frozen decoder reads the passage
+    (:class:`~compressor.xrag.features.DecoderSource`). With ``config.cache_dir`` each passage's rows are kept
+    (index time: :meth:`index`) and read back instead of computed."""
 
     name = "xrag"
     kind = "soft"
 
     def __init__(self, counter: TokenCounter, config: XRAGConfig, bridge: Bridge, embedder: Any = None,
-                 index: DocumentIndex | None = None, manifest: dict[str, Any] | None = None) -> None:
+                 index: DocumentIndex | None = None, manifest: dict[str, Any] | None = None,
+                 source: Any = None) -> None:
         super().__init__(counter)
         self.config, self.bridge, self.manifest = config, bridge.eval(), manifest or {}
+        if config.rows % bridge.per_input or (config.source == "decoder" and bridge.per_input != 1):
+            raise ConfigError(f"rows={config.rows} does not fit this bridge ({bridge.per_input} rows per input vector, "
+                              f"source {config.source})")
         self._embedder = embedder
-        self.index: DocumentIndex | None = None
+        self._source = source
+        self.doc_index: DocumentIndex | None = None
         self.index_hits = 0
         self.encoded_on_the_fly = 0
         if index is not None:
             self.attach_index(index)
+        self.cache = TensorCache(config.cache_dir, self._cache_id(), tensor_name="rows") if config.cache_dir else None
+
+    def _cache_id(self) -> str:
+        h = hashlib.sha256(json.dumps([self.config.input_key(), self.config.rows, self.manifest.get("decoder"),
+                                       self.manifest.get("embedder")], sort_keys=True, default=str).encode())
+        for k, v in sorted(self.bridge.tensors().items()):
+            h.update(k.encode())
+            h.update(v.numpy().tobytes())
+        return h.hexdigest()[:24]
 
     @property
     def trained(self) -> bool:
@@ -65,23 +85,41 @@ class XRAGCompressor(Compressor):
             self._embedder = get_embedder(self.config.embedder)
         return self._embedder
 
+    @property
+    def source(self) -> Any:
+        """The decoder source (``source="decoder"``), loading the frozen decoder on first use."""
+        if self._source is None:
+            from ..models import load_causal_lm
+            from .features import DecoderSource
+
+            model, tok = load_causal_lm(self.config.decoder, dtype=self.config.source_dtype)
+            self._source = DecoderSource(model.eval(), tok, self.config.source_layer, self.config.rows,
+                                         self.config.embed_batch_size)
+        return self._source
+
     def run_stats(self) -> dict[str, Any]:
-        return {"trained": self.trained, "index_hits": self.index_hits, "encoded_on_the_fly": self.encoded_on_the_fly}
+        return {"trained": self.trained, "index_hits": self.index_hits, "encoded_on_the_fly": self.encoded_on_the_fly,
+                "row_cache_hits": self.cache.hits if self.cache else None}
+
+    def caches(self) -> list[Any]:
+        return [self.cache] if self.cache is not None else []
 
     def attach_index(self, index: DocumentIndex) -> None:
         """Read passage vectors from ``index``; it must come from the bridge's embedder."""
+        if self.config.source != "embedder":
+            return  # this bridge reads the decoder's hidden states, not the retriever's vectors
         want = self.manifest.get("embedder")
         if want:
             index.check_embedder(want)
         if index.dim != self.bridge.in_dim:
             raise InputError(f"index vectors are {index.dim}-d; the bridge reads {self.bridge.in_dim}-d")
-        self.index = index
+        self.doc_index = index
 
     def passage_vectors(self, passages: list[Passage]) -> torch.Tensor:
-        """``[n, in_dim]`` vectors: stored ones from the index, the rest embedded now (in one batch)."""
+        """``[n, in_dim]`` embedder vectors: stored ones from the index, the rest embedded now (in one batch)."""
         texts = [p.text for p in passages]
-        if self.index is not None:
-            vecs, hits = self.index.lookup(texts)
+        if self.doc_index is not None:
+            vecs, hits = self.doc_index.lookup(texts)
         else:
             vecs, hits = torch.zeros(len(texts), self.bridge.in_dim), [False] * len(texts)
         miss = [i for i, h in enumerate(hits) if not h]
@@ -94,27 +132,78 @@ class XRAGCompressor(Compressor):
         self.encoded_on_the_fly += len(miss)
         return vecs
 
+    def passage_inputs(self, passages: list[Passage]) -> torch.Tensor:
+        """The bridge's inputs ``[n, m, in_dim]``: one embedder vector (m = 1) or ``rows`` pooled decoder states."""
+        if self.config.source == "embedder":
+            return self.passage_vectors(passages)[:, None]
+        self.encoded_on_the_fly += len(passages)
+        return self.source.encode([p.text for p in passages])
+
     @torch.no_grad()
     def rows(self, vectors: torch.Tensor) -> torch.Tensor:
-        """Bridge rows ``[n, hidden]`` (fp32) for retriever vectors ``[n, in_dim]``."""
-        return self.bridge(vectors.float())
+        """Bridge rows (fp32): ``[n, in_dim]`` vectors -> ``[n * rows, hidden]``; ``[n, m, in_dim]`` -> ``[n, rows,
+        hidden]``."""
+        if vectors.dim() == 2:
+            return self.bridge.rows(vectors.float()[:, None]).reshape(-1, self.bridge.out_dim)
+        return self.bridge.rows(vectors.float())
+
+    def passage_rows(self, passages: list[Passage]) -> list[torch.Tensor]:
+        """``[rows, hidden]`` per passage: from the row cache where present, the rest computed now (and stored)."""
+        memo = self._batch_rows or {}
+        out: list[torch.Tensor | None] = [memo.get(p.text) if p.text in memo else
+                                          self.cache.get(p.text) if self.cache else None for p in passages]
+        miss = [i for i, o in enumerate(out) if o is None]
+        if miss:
+            fresh = self.rows(self.passage_inputs([passages[i] for i in miss]))
+            for i, r in zip(miss, fresh, strict=True):
+                out[i] = r.clone()
+                if self.cache is not None:
+                    self.cache.put(passages[i].text, out[i])
+        return out  # type: ignore[return-value]
+
+    _batch_rows: dict[str, torch.Tensor] | None = None
+
+    def _soft(self, n_in: int) -> bool:
+        return n_in > self.config.rows  # a passage no longer than its rows passes as text
+
+    def _compress_batch(self, items: list[tuple[str, list[Passage], Budget]]) -> list[Kept]:
+        """The rows of every passage of the batch computed together (repeats once), then each question."""
+        todo = list({p.text: p for _, ps, _ in items for p in ps if self._soft(self.counter.count(p.text))}.values())
+        try:
+            self._batch_rows = dict(zip((p.text for p in todo), self.passage_rows(todo), strict=True)) if todo else {}
+            return [self._compress(q, ps, b) for q, ps, b in items]
+        finally:
+            self._batch_rows = None
+
+    def _index(self, passages: list[Passage]) -> tuple[int, int]:
+        """Index time: each passage's rows into the row cache, a batch at a time."""
+        if self.cache is None:
+            raise ConfigError("xrag has no cache_dir: set cache_dir (the row cache that compress reads) to index "
+                              "passages")
+        before, hits = self.encoded_on_the_fly + self.index_hits, self.cache.hits
+        step = max(1, self.config.embed_batch_size) * 4
+        todo = [p for p in passages if self._soft(self.counter.count(p.text))]
+        for i in range(0, len(todo), step):
+            self.passage_rows(todo[i:i + step])
+        return self.encoded_on_the_fly + self.index_hits - before, self.cache.hits - hits
 
     def _compress(self, query: str, passages: list[Passage], budget: Budget) -> Kept:
-        """One row per passage; a passage of one token passes as text. A target under one row per passage is
+        """``rows`` rows per passage; a passage no longer than that passes as text. A target under that is
         rounded up (``granularity``), or refused when the budget is strict."""
+        k = self.config.rows
         n_in = [self.counter.count(p.text) for p in passages]
-        as_text = [n <= 1 for n in n_in]
-        self.check_strict(budget, sum(n_in), len(passages), "granularity")
+        as_text = [not self._soft(n) for n in n_in]
+        least = sum(n if t else k for n, t in zip(n_in, as_text))
+        self.check_strict(budget, sum(n_in), least, "granularity")
         soft = [i for i, t in enumerate(as_text) if not t]
-        rows = self.rows(self.passage_vectors([passages[i] for i in soft])) if soft else None
-        at = {i: k for k, i in enumerate(soft)}
+        rows = self.passage_rows([passages[i] for i in soft]) if soft else []
+        at = {i: j for j, i in enumerate(soft)}
         out = [CompressedPassage(index=i, title=p.title, text=p.text, spans=[(0, len(p.text))], tokens_in=n,
                                  tokens_out=n) if as_text[i] else
-               CompressedPassage(index=i, title=p.title, embeds=rows[at[i]: at[i] + 1].clone(), tokens_in=n,
-                                 tokens_out=1)
+               CompressedPassage(index=i, title=p.title, embeds=rows[at[i]], tokens_in=n, tokens_out=k)
                for i, (p, n) in enumerate(zip(passages, n_in))]
         cap = budget.max_tokens(sum(n_in))
-        over = cap is not None and len(passages) > cap
+        over = cap is not None and least > cap
         why = ("passed_through" if any(as_text) else "granularity") if over else "budget"
         return Kept(out, stopped_by=why)
 
@@ -130,16 +219,20 @@ class XRAGCompressor(Compressor):
             "format_version": FORMAT_VERSION,
             "library_version": __version__,
             "trained": bool(trained),
-            "embedder": {"id": model_id(self.config.embedder), "sha256": model_fingerprint(self.config.embedder),
-                         "dim": self.bridge.in_dim},
+            "source": self.config.input_key(),
+            "rows": self.config.rows,
             "decoder": {"id": model_id(self.config.decoder), "sha256": model_fingerprint(self.config.decoder),
                         "hidden_size": self.bridge.out_dim},
-            "config": self.config.model_dump(exclude={"embedder", "decoder"}),
+            "config": self.config.model_dump(exclude={"embedder", "decoder", "cache_dir"}),
             "bridge": {"in_dim": self.bridge.in_dim, "width": self.bridge.width, "out_dim": self.bridge.out_dim,
-                       "activation": "gelu", "target_norm": self.manifest.get("bridge", {}).get("target_norm")},
+                       "per_input": self.bridge.per_input, "activation": "gelu",
+                       "target_norm": self.manifest.get("bridge", {}).get("target_norm")},
             "training": training if training is not None else self.manifest.get("training"),
             "scores": scores if scores is not None else self.manifest.get("scores"),
         }
+        if self.config.source == "embedder":
+            cfg["embedder"] = {"id": model_id(self.config.embedder), "sha256": model_fingerprint(self.config.embedder),
+                               "dim": self.bridge.in_dim}
         tensors = {k: v.numpy() for k, v in self.bridge.tensors().items()}
         self.manifest = cfg
         return write_artifact(directory, cfg, tensors, card or _card(cfg))
@@ -150,20 +243,28 @@ class XRAGCompressor(Compressor):
                         allow_untrained: bool = False, **overrides: Any) -> XRAGCompressor:
         """Load a bridge. ``decoder``/``embedder`` default to the named models it was trained with; models
         with other weights (by sha256) are refused. An untrained control needs ``allow_untrained=True``."""
-        cfg, t = read_artifact(directory, "xrag", FORMAT_VERSION, set(BRIDGE_KEYS))
+        cfg, t = read_artifact(directory, "xrag", FORMAT_VERSION)
+        if not BRIDGE_KEYS <= t.keys() or not t.keys() <= BRIDGE_KEYS | INPUT_KEYS:
+            raise ArtifactError(f"artifact {directory}: tensors {sorted(t)}, expected {sorted(BRIDGE_KEYS | INPUT_KEYS)}")
         if not cfg.get("trained") and not allow_untrained:
             raise ArtifactError(f"artifact {directory} holds an untrained bridge (a control, \"trained\": false); "
                                 "load it explicitly (`--artifact PATH`, allow_untrained=True) or train one")
-        chosen = {role: resolve_base_model(cfg, role, given, directory=directory)
-                  for role, given in (("decoder", decoder), ("embedder", embedder))}
+        roles = [("decoder", decoder)] + ([("embedder", embedder)] if "embedder" in cfg else [])
+        chosen = {role: resolve_base_model(cfg, role, given, directory=directory) for role, given in roles}
         b = cfg["bridge"]
-        if tuple(t["fc1.weight"].shape) != (b["width"], b["in_dim"]) or tuple(t["fc2.weight"].shape) != (b["out_dim"], b["width"]):
+        per = int(b.get("per_input", 1))  # format 1: one row per MiniLM vector
+        if tuple(t["fc1.weight"].shape) != (b["width"], b["in_dim"]) or \
+                tuple(t["fc2.weight"].shape) != (b["out_dim"] * per, b["width"]):
             raise ArtifactError(f"artifact {directory}: bridge tensors do not match the recorded sizes {b}")
+        fixed = {k: cfg["config"][k] for k in ("source", "source_layer", "source_dtype", "rows") if k in cfg["config"]}
+        changed = sorted(k for k in fixed if k in overrides and overrides[k] != fixed[k])
+        if changed:
+            raise ConfigError(f"{changed[0]} is fixed by the trained bridge ({fixed[changed[0]]!r}); retrain to change it")
         config = XRAGConfig(**{**cfg["config"], **overrides, **chosen})
         if config.bridge_width != b["width"]:
             raise ConfigError("bridge_width is fixed by the trained bridge; retrain to change it")
-        bridge = Bridge(b["in_dim"], b["width"], b["out_dim"])
-        bridge.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in t.items()}, strict=True)
+        bridge = Bridge(b["in_dim"], b["width"], b["out_dim"], per)
+        bridge.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in t.items()}, strict=False)
         return cls(counter, config, bridge, index=index, manifest=cfg)
 
 
@@ -185,10 +286,14 @@ def _card(cfg: dict[str, Any]) -> str:
     lines = [
         "# xrag bridge" + ("" if cfg["trained"] else " (UNTRAINED CONTROL)"),
         "",
-        "One soft row per passage (Cheng et al. 2024, xRAG): the frozen embedder's vector of the passage goes",
+        f"{cfg.get('rows', 1)} soft row(s) per passage (after Cheng et al. 2024, xRAG): " + (
+            "the frozen embedder's vector of the passage goes" if "embedder" in cfg else
+            f"the frozen decoder's hidden states of the passage after layer {cfg['source']['layer']}, mean-pooled "
+            f"over {cfg['source']['pieces']} equal runs of its tokens, go"),
         "through a two-layer GELU MLP into the frozen decoder's input-embedding space.",
         "",
-        f"Embedder: `{cfg['embedder']['id']}` (sha256 `{cfg['embedder']['sha256']}`), {cfg['embedder']['dim']}-d.",
+        *([f"Embedder: `{cfg['embedder']['id']}` (sha256 `{cfg['embedder']['sha256']}`), {cfg['embedder']['dim']}-d."]
+          if "embedder" in cfg else []),
         f"Decoder: `{cfg['decoder']['id']}` (sha256 `{cfg['decoder']['sha256']}`), hidden {cfg['decoder']['hidden_size']}.",
         f"Bridge: {cfg['bridge']['in_dim']} -> {cfg['bridge']['width']} -> {cfg['bridge']['out_dim']}, GELU; "
         f"output norm calibrated to {cfg['bridge'].get('target_norm')}.",

@@ -15,26 +15,48 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["Bridge", "BRIDGE_KEYS", "embedding_row_norm"]
+__all__ = ["Bridge", "BRIDGE_KEYS", "INPUT_KEYS", "embedding_row_norm"]
 
 BRIDGE_KEYS = frozenset({"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"})
+# Format 2 adds the input standardisation (a format-1 bridge reads unit-norm MiniLM vectors as they are).
+INPUT_KEYS = frozenset({"in_mean", "in_std"})
 
 
 class Bridge(nn.Module):
-    """``Linear(in_dim, width) -> GELU -> Linear(width, out_dim)``; fp32 parameters."""
+    """``standardise -> Linear(in_dim, width) -> GELU -> Linear(width, per_input * out_dim)``; fp32.
 
-    def __init__(self, in_dim: int, width: int, out_dim: int) -> None:
+    Each input vector gives ``per_input`` rows of width ``out_dim`` (a single MiniLM vector can be asked for
+    several rows; the decoder source gives one pooled vector per row, ``per_input`` 1). ``in_mean``/``in_std``
+    standardise each input feature (set once from training inputs by :meth:`standardise_`; identity by
+    default): a decoder's hidden states carry a few channels of huge, nearly constant activations that would
+    otherwise swamp the rest."""
+
+    def __init__(self, in_dim: int, width: int, out_dim: int, per_input: int = 1) -> None:
         super().__init__()
-        self.in_dim, self.width, self.out_dim = int(in_dim), int(width), int(out_dim)
+        self.in_dim, self.width, self.out_dim, self.per_input = int(in_dim), int(width), int(out_dim), int(per_input)
+        self.register_buffer("in_mean", torch.zeros(self.in_dim))
+        self.register_buffer("in_std", torch.ones(self.in_dim))
         self.fc1 = nn.Linear(self.in_dim, self.width)
         self.act = nn.GELU()
-        self.fc2 = nn.Linear(self.width, self.out_dim)
+        self.fc2 = nn.Linear(self.width, self.out_dim * self.per_input)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x``: ``[..., in_dim]`` -> ``[..., out_dim]`` (fp32)."""
+        """``x``: ``[..., in_dim]`` -> ``[..., per_input * out_dim]`` (fp32)."""
         if x.shape[-1] != self.in_dim:
-            raise ValueError(f"bridge input has width {x.shape[-1]}, expected {self.in_dim} (the embedder's dim)")
-        return self.fc2(self.act(self.fc1(x.float())))
+            raise ValueError(f"bridge input has width {x.shape[-1]}, expected {self.in_dim} (the source's dim)")
+        return self.fc2(self.act(self.fc1((x.float() - self.in_mean) / self.in_std)))
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: ``[n, m, in_dim]`` (m input vectors per passage) -> ``[n, m * per_input, out_dim]``."""
+        return self(x).reshape(x.shape[0], -1, self.out_dim)
+
+    @torch.no_grad()
+    def standardise_(self, inputs: torch.Tensor) -> None:
+        """Set the input standardisation from ``[n, in_dim]`` training inputs (std floored at 1e-4 of its mean)."""
+        x = inputs.float().reshape(-1, self.in_dim)
+        std = x.std(0)
+        self.in_mean.copy_(x.mean(0))
+        self.in_std.copy_(std.clamp(min=float(std.mean()) * 1e-4 + 1e-12))
 
     @torch.no_grad()
     def calibrate_(self, inputs: torch.Tensor, target_norm: float) -> float:
@@ -44,14 +66,14 @@ class Bridge(nn.Module):
         the sphere, unlike random vectors)."""
         if target_norm <= 0:
             raise ValueError(f"target_norm must be positive, got {target_norm}")
-        current = float(self(inputs).norm(dim=-1).mean())
+        current = float(self(inputs).reshape(-1, self.out_dim).norm(dim=-1).mean())
         factor = target_norm / max(current, 1e-12)
         self.fc2.weight.mul_(factor)
         self.fc2.bias.mul_(factor)
         return factor
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """The trainable tensors, fp32, contiguous, keyed as in :data:`BRIDGE_KEYS`."""
+        """The bridge's tensors, fp32, contiguous, keyed as in :data:`BRIDGE_KEYS` and :data:`INPUT_KEYS`."""
         return {k: v.detach().float().contiguous().cpu() for k, v in self.state_dict().items()}
 
 

@@ -63,7 +63,7 @@ class _Layouts:
     def _enc(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
 
-    def paraphrase(self, text: str, instruction: str) -> Seq:
+    def paraphrase(self, text: str, instruction: str, rows: int = 1) -> Seq:
         body = instruction.format(doc=_MARK)
         if self.builder.style == "chat":
             rendered = self.tok.apply_chat_template([{"role": "user", "content": body}], tokenize=False,
@@ -73,13 +73,14 @@ class _Layouts:
             rendered, bos = body + "\n", self.builder._bos()
         before, after = rendered.split(_MARK, 1)
         head = bos + self._enc(before)
-        prompt = head + [self.ph] + self._enc(after)
+        prompt = head + [self.ph] * rows + self._enc(after)
         target = self._enc(text)[: self.cfg.max_passage_tokens]
-        return Seq(prompt + target, [len(head)], len(prompt), len(target), [text])
+        return Seq(prompt + target, list(range(len(head), len(head) + rows)), len(prompt), len(target), [text])
 
-    def qa(self, r: QARecord) -> tuple[Seq, Seq]:
-        """(student with one row per passage, teacher reading the passages as text): same answer tokens."""
-        return qa_layouts(self.builder, r, [1] * len(r.passages), self.hidden, self.ph, self.cfg.max_answer_tokens)
+    def qa(self, r: QARecord, rows: int = 1, target: Sequence[int] | None = None) -> tuple[Seq, Seq]:
+        """(student with ``rows`` rows per passage, teacher reading the passages as text): same answer tokens."""
+        return qa_layouts(self.builder, r, [rows] * len(r.passages), self.hidden, self.ph, self.cfg.max_answer_tokens,
+                          target=target)
 
 
 def _data_hash(texts: Sequence[str], qa: Sequence[QARecord]) -> str:
@@ -92,6 +93,47 @@ def _data_hash(texts: Sequence[str], qa: Sequence[QARecord]) -> str:
     return h.hexdigest()
 
 
+def _source_inputs(config: XRAGConfig, model: Any, tok: Any, passages: list[str], work: Path, train_dtype: str,
+                   log: Callable[[str], None]) -> tuple[Callable[[Sequence[str]], torch.Tensor], int, dict[str, Any]]:
+    """The bridge inputs of the training passages, computed once (and kept under ``work``): a lookup
+    ``texts -> [n, m, in_dim]``, ``in_dim`` and the source's identity for the checkpoint."""
+    from ..cache import TensorCache
+    from ..models import load_causal_lm, model_fingerprint
+
+    t0 = time.perf_counter()
+    if config.source == "embedder":
+        index, _, built = cached_index("train", passages, config.embedder, root=work, batch_size=config.embed_batch_size)
+        log(f"passage vectors: {len(index)} ({'embedded now' if built else 'cached'}, {time.perf_counter() - t0:.1f}s)")
+
+        def lookup(texts: Sequence[str]) -> torch.Tensor:
+            vecs, hits = index.lookup(list(texts))
+            if not all(hits):  # cannot happen: every training passage was indexed above
+                raise RuntimeError("a training passage is missing from the training index")
+            return vecs[:, None]
+
+        return lookup, index.dim, {"embedder_sha256": index.embedder["sha256"]}
+    from .features import DecoderSource
+
+    src_model = model if config.source_dtype == train_dtype else load_causal_lm(config.decoder, dtype=config.source_dtype)[0]
+    source = DecoderSource(src_model, tok, config.source_layer, config.rows, config.embed_batch_size)
+    ns = hashlib.sha256(json.dumps([model_fingerprint(config.decoder), config.input_key()]).encode()).hexdigest()[:24]
+    cache = TensorCache(work / "features", ns, tensor_name="inputs")
+    got = {t: cache.get(t) for t in passages}
+    miss = [t for t, v in got.items() if v is None]
+    step = 256
+    for i in range(0, len(miss), step):
+        for t, v in zip(miss[i:i + step], source.encode(miss[i:i + step]), strict=True):
+            cache.put(t, v)
+            got[t] = v
+    log(f"decoder states (layer {config.source_layer}, {config.rows} pieces): {len(passages)} passages, "
+        f"{len(miss)} computed now ({time.perf_counter() - t0:.1f}s)")
+
+    def lookup(texts: Sequence[str]) -> torch.Tensor:
+        return torch.stack([got[t] for t in texts])
+
+    return lookup, source.dim, {}
+
+
 def train_xrag(
     texts: Sequence[str],
     qa: Sequence[QARecord],
@@ -102,10 +144,18 @@ def train_xrag(
     resume: bool = False,
     progress: bool = True,
     log: Callable[[str], None] = print,
+    accept: Callable[[str, QARecord], bool] | None = None,
+    teacher_cache: str | Path | None = None,
+    val: Sequence[QARecord] = (),
+    score: Callable[[str, QARecord], dict[str, float]] | None = None,
 ) -> tuple[XRAGCompressor, dict[str, Any]]:
     """Train (or resume) a bridge; return the compressor and a report. ``texts``: stage-1 passages;
-    ``qa``: stage-2 records. ``work_dir`` keeps the passage-vector cache, ``checkpoint/`` and
-    ``train_log.jsonl`` (one line a step: stage, loss, nll, kl, lr, seconds)."""
+    ``qa``: stage-2 records. ``work_dir`` keeps the bridge inputs of the training passages, ``checkpoint/``,
+    ``train_log.jsonl`` (one line a step: stage, loss, nll, kl, lr, seconds) and, with ``val`` and ``score``,
+    ``val_log.jsonl`` (greedy answers of the validation records scored at every checkpoint: the learning curve).
+    With ``stage2_targets="distill"``, ``accept(answer, record)`` says whether a teacher answer may be a target
+    and the targets are cached under ``teacher_cache`` (default ``work_dir/teacher``)."""
+    from ..distill import distill_loss, score_soft_answers, teacher_targets
     from ..models import load_causal_lm, model_fingerprint
 
     config, train = config or XRAGConfig(), train or XRAGTrainConfig()
@@ -121,56 +171,104 @@ def train_xrag(
     model.requires_grad_(False)
     hidden = int(model.get_input_embeddings().weight.shape[1])
     counter = counter or TokenCounter.from_tokenizer(tok)
-    passages = list(dict.fromkeys(list(texts) + [p.text for r in qa for p in r.passages]))
-    if train.total_steps == 0:  # an untrained control only needs vectors to calibrate the output norm
+    passages = list(dict.fromkeys((list(texts) if train.stage1_steps else []) +
+                                  [p.text for r in [*qa, *val] for p in r.passages]))
+    if train.total_steps == 0:  # an untrained control only needs inputs to calibrate the output norm
         passages = passages[:512]
-    t0 = time.perf_counter()
-    index, _, built = cached_index("train", passages, config.embedder, root=work, batch_size=config.embed_batch_size)
-    log(f"passage vectors: {len(index)} ({'embedded now' if built else 'cached'}, {time.perf_counter() - t0:.1f}s)")
+    inputs, in_dim, source_id = _source_inputs(config, model, tok, passages, work, dtype, log)
 
     torch.manual_seed(train.seed)
-    bridge = Bridge(index.dim, config.bridge_width, hidden)
+    k = config.rows
+    bridge = Bridge(in_dim, config.bridge_width, hidden, per_input=k if config.source == "embedder" else 1)
+    sample = inputs(passages[: min(2048, len(passages))])
+    if config.source == "decoder":
+        bridge.standardise_(sample)
     target_norm = embedding_row_norm(model, seed=train.seed)
-    bridge.calibrate_(index.vectors[: min(512, len(index))], target_norm)
-    identity = {"decoder_sha256": model_fingerprint(config.decoder), "embedder_sha256": index.embedder["sha256"],
-                "config": config.model_dump(), "train": train.resume_key(), "data_sha256": _data_hash(texts, qa)}
+    bridge.calibrate_(sample[:512].reshape(-1, in_dim), target_norm)
+    identity = {"decoder_sha256": model_fingerprint(config.decoder), **source_id,
+                "config": config.model_dump(exclude={"cache_dir"}), "train": train.resume_key(),
+                "data_sha256": _data_hash(texts, qa)}
     run = StagedRun(work, _CKPT_TYPE, train, identity, resume, "ragpress train xrag", log)
-    run.restore(lambda t: bridge.load_state_dict({k[7:]: torch.from_numpy(v.copy()) for k, v in t.items()
-                                                  if k.startswith("bridge.")}))
+    run.restore(lambda t: bridge.load_state_dict({k_[7:]: torch.from_numpy(v.copy()) for k_, v in t.items()
+                                                  if k_.startswith("bridge.")}))
     lay = _Layouts(tok, train, hidden)
 
+    targets = None
+    teacher_counts: dict[str, Any] = {}
+    if train.stage2_steps and train.stage2_targets == "distill":
+        targets, teacher_counts = teacher_targets(
+            model, lay.builder, qa, train.max_answer_tokens, train.distill_top_k,
+            teacher_cache if teacher_cache is not None else work / "teacher",
+            f"{identity['decoder_sha256'][:16]}-{lay.builder.style}", accept=accept, progress=progress, log=log)
+
+    def rows_of(seq_texts: Sequence[str]) -> torch.Tensor:
+        return bridge.rows(inputs(seq_texts)).reshape(-1, hidden)
+
     def step_fn(stage: int, i: int) -> tuple[torch.Tensor, dict[str, Any]]:
+        teach = mine = None
         if stage == 1:
             idx = _batch(len(texts), train.batch_size, i, train.seed, 1)
-            seqs = [lay.paraphrase(texts[j], random.Random(f"{train.seed}-1-{i}-{k}").choice(PARAPHRASE_INSTRUCTIONS))
-                    for k, j in enumerate(idx)]
-            teach = None
+            seqs = [lay.paraphrase(texts[j], random.Random(f"{train.seed}-1-{i}-{n}").choice(PARAPHRASE_INSTRUCTIONS), k)
+                    for n, j in enumerate(idx)]
         else:
             idx = _batch(len(qa), train.batch_size, i, train.seed, 2)
-            pairs = [lay.qa(qa[j]) for j in idx]
+            pairs = [lay.qa(qa[j], k, None if targets is None else targets[j].ids) for j in idx]
             seqs, teach = [p[0] for p in pairs], [p[1] for p in pairs]
-        vecs, hits = index.lookup([t for s in seqs for t in s.texts])
-        if not all(hits):  # cannot happen: every training passage was indexed above
-            raise RuntimeError("a training passage is missing from the training index")
-        logits = _target_logits(model, seqs, lay.ph, bridge(vecs))
+            mine = None if targets is None else [targets[j] for j in idx]
+        logits = _target_logits(model, seqs, lay.ph, rows_of([t for s in seqs for t in s.texts]))
         labels = torch.tensor([t for s in seqs for t in s.ids[s.n_prompt:]], device=logits.device)
         nll = torch.nn.functional.cross_entropy(logits, labels)
         kl = torch.zeros(())
-        if teach is not None and train.kl_weight > 0:
+        if mine is not None:
+            kl = distill_loss(logits, mine, train.kl_temperature)
+        elif teach is not None and train.kl_weight > 0:
             with torch.no_grad():
                 t_logits = _target_logits(model, teach, lay.ph, None)
             T = train.kl_temperature
             kl = torch.nn.functional.kl_div(torch.log_softmax(logits / T, -1), torch.log_softmax(t_logits / T, -1),
                                             log_target=True, reduction="batchmean") * T * T
-        loss = nll + (train.kl_weight * kl if teach is not None else 0.0)
+        loss = nll + (train.kl_weight * kl if stage == 2 else 0.0)
         return loss, {"nll": round(nll.item(), 5), "kl": round(kl.item(), 5),
                       "seq_len": max(len(s.ids) for s in seqs), "target_tokens": int(labels.numel())}
 
+    val_log = work / "val_log.jsonl"
+
+    @torch.no_grad()
+    def validate(step: int) -> None:
+        if not val or score is None:
+            return
+        bridge.eval()
+        row = {"step": step, **score_soft_answers(model, lay.builder, val, lambda r: rows_of([p.text for p in r.passages])
+                                                  .split(k), score, train.max_answer_tokens, "xrag")}
+        bridge.train()
+        with open(val_log, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        log(f"validation at step {step}: {row}")
+
     bridge.train()
-    report = run.run(list(bridge.parameters()), step_fn,
-                     lambda: {f"bridge.{k}": v.numpy() for k, v in bridge.tensors().items()},
-                     {"target_norm": target_norm}, progress=progress, desc="xrag train")
+    if val and score is not None and run.step == 0:
+        val_log.unlink(missing_ok=True)
+        validate(0)
+    report = run.run([p for p in bridge.parameters() if p.requires_grad], step_fn,
+                     lambda: {f"bridge.{k_}": v.numpy() for k_, v in bridge.tensors().items()},
+                     {"target_norm": target_norm}, progress=progress, desc="xrag train", on_checkpoint=validate)
+    if val_log.exists():
+        report["validation"] = [json.loads(ln) for ln in val_log.read_text().splitlines() if ln.strip()]
     bridge.eval()
-    comp = XRAGCompressor(counter, config, bridge, manifest={"bridge": {"target_norm": round(target_norm, 5)}})
+    manifest = {"bridge": {"target_norm": round(target_norm, 5)}}
+    comp = XRAGCompressor(counter, config, bridge, manifest=manifest,
+                          source=None if config.source == "embedder" else _frozen_source(model, tok, config, dtype))
     report.update(n_stage1_passages=len(texts), n_stage2_records=len(qa), target_norm=round(target_norm, 5))
+    if teacher_counts:
+        report["distill_targets"] = teacher_counts
     return comp, report
+
+
+def _frozen_source(model: Any, tok: Any, config: XRAGConfig, dtype: str) -> Any:
+    """The training decoder as the compressor's source when it runs in the source's dtype (else None: loaded
+    on first use)."""
+    from .features import DecoderSource
+
+    if config.source_dtype != dtype:
+        return None
+    return DecoderSource(model, tok, config.source_layer, config.rows, config.embed_batch_size)
