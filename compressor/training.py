@@ -24,7 +24,7 @@ from .base import CompressedContext, CompressedPassage, Passage
 from .errors import ConfigError
 from .prompt import PromptBuilder
 
-__all__ = ["Seq", "QARecord", "qa_layouts", "text_layout", "text_prompt", "answer_ids", "target_logits", "seeded_batch", "cosine_lr",
+__all__ = ["Seq", "QARecord", "qa_layouts", "text_layout", "text_prompt", "answer_ids", "shared_prefix", "target_logits", "seeded_batch", "cosine_lr",
            "save_checkpoint", "load_opt_state", "trim_log", "StagedRun"]
 
 
@@ -106,28 +106,70 @@ def text_layout(builder: PromptBuilder, record: QARecord, answer: Sequence[int])
     return Seq(t_ids + list(answer), [], len(t_ids), len(answer))
 
 
+def shared_prefix(seqs: Sequence[Seq]) -> int:
+    """Length of the token prefix every sequence shares before its first soft row and before its last
+    prompt token (the evaluation prompt's system turn and one-shot example: most of a short QA sequence)."""
+    cap = min([s.n_prompt - 1 for s in seqs] + [min(s.rows) for s in seqs if s.rows])
+    first, n = seqs[0].ids, 0
+    while n < cap and all(s.ids[n] == first[n] for s in seqs):
+        n += 1
+    return n
+
+
+_PREFIX_KV: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+
+@torch.no_grad()
+def _prefix_kv(model: Any, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The frozen model's keys and values of ``ids`` per layer, computed once per (model, prefix)."""
+    key = (id(model), tuple(ids))
+    if key not in _PREFIX_KV:
+        if len(_PREFIX_KV) >= 4:
+            _PREFIX_KV.pop(next(iter(_PREFIX_KV)))
+        dev = model.get_input_embeddings().weight.device
+        cache = model.base_model(input_ids=torch.tensor([ids], device=dev), use_cache=True).past_key_values
+        _PREFIX_KV[key] = [(layer.keys, layer.values) for layer in cache.layers]
+    return _PREFIX_KV[key]
+
+
 def target_logits(model: Any, seqs: Sequence[Seq], pad: int, rows: torch.Tensor | None) -> torch.Tensor:
     """Right-padded batch forward of a causal LM; ``rows`` ``[R, hidden]`` replace the placeholders of all
-    sequences, in order. Returns the fp32 logits ``[sum n_target, vocab]`` that predict each target token."""
+    sequences, in order. Returns the fp32 logits ``[sum n_target, vocab]`` that predict each target token.
+
+    When the model is frozen (no parameter requires grad), the prefix all sequences share
+    (:func:`shared_prefix`) is run once and its keys/values reused by every later call with the same prefix:
+    the same logits and gradients (the prefix depends on nothing trained), several times less compute on
+    short QA sequences behind a long fixed prompt."""
+    from transformers import DynamicCache
+
     emb = model.get_input_embeddings()
     dev = emb.weight.device
-    L = max(len(s.ids) for s in seqs)
+    frozen = not any(p.requires_grad for p in model.parameters())
+    P = shared_prefix(seqs) if frozen else 0
+    L = max(len(s.ids) for s in seqs) - P
     ids = torch.full((len(seqs), L), pad, dtype=torch.long, device=dev)
-    mask = torch.zeros(len(seqs), L, dtype=torch.long, device=dev)
+    mask = torch.zeros(len(seqs), P + L, dtype=torch.long, device=dev)
+    mask[:, :P] = 1
     for b, s in enumerate(seqs):
-        ids[b, : len(s.ids)] = torch.tensor(s.ids, device=dev)
+        ids[b, : len(s.ids) - P] = torch.tensor(s.ids[P:], device=dev)
         mask[b, : len(s.ids)] = 1
     x = emb(ids)
     if rows is not None:
         rb = torch.tensor([b for b, s in enumerate(seqs) for _ in s.rows], device=dev)
-        rp = torch.tensor([p for s in seqs for p in s.rows], device=dev)
+        rp = torch.tensor([p - P for s in seqs for p in s.rows], device=dev)
         if rows.shape[0] != rb.numel():
             raise ValueError(f"{rows.shape[0]} soft rows for {rb.numel()} placeholders")
         x = x.index_put((rb, rp), rows.to(device=dev, dtype=x.dtype))
-    h = model.base_model(inputs_embeds=x, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                         use_cache=False).last_hidden_state
+    past = None
+    if P:
+        B = len(seqs)
+        past = DynamicCache([(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1))
+                             for k, v in _prefix_kv(model, seqs[0].ids[:P])], config=model.config)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, P:]
+    h = model.base_model(inputs_embeds=x, attention_mask=mask, position_ids=pos, past_key_values=past,
+                         use_cache=P > 0).last_hidden_state
     sb = torch.tensor([b for b, s in enumerate(seqs) for _ in range(s.n_target)], device=dev)
-    sp = torch.tensor([s.n_prompt - 1 + k for s in seqs for k in range(s.n_target)], device=dev)
+    sp = torch.tensor([s.n_prompt - 1 - P + k for s in seqs for k in range(s.n_target)], device=dev)
     logits = model.get_output_embeddings()(h[sb, sp]).float()
     cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
     return torch.tanh(logits / cap) * cap if cap else logits

@@ -386,3 +386,22 @@ def test_distilled_training_on_decoder_states_validates_and_resumes(tiny_model_d
     resumed, _ = run(tmp_path / "b", resume=True)
     for k, v in full.bridge.tensors().items():
         assert torch.allclose(v, resumed.bridge.tensors()[k], atol=1e-6), k
+
+
+def test_shared_prefix_is_run_once_with_the_same_logits_and_gradients(smol_tokenizer):
+    from compressor.training import _PREFIX_KV, qa_layouts, shared_prefix, target_logits
+
+    model = make_tiny_llama(len(smol_tokenizer)).float().requires_grad_(False)
+    b = PromptBuilder(smol_tokenizer)
+    seqs = [qa_layouts(b, r, [3] * len(r.passages), HIDDEN, 0, 8)[0] for r in QA]
+    p = shared_prefix(seqs)
+    assert 0 < p <= min(min(s.rows) for s in seqs) and all(s.ids[:p] == seqs[0].ids[:p] for s in seqs)
+    rows = torch.randn(9, HIDDEN, requires_grad=True)
+    fast = target_logits(model, seqs, 0, rows)
+    assert any(k[0] == id(model) for k in _PREFIX_KV)
+    g_fast = torch.autograd.grad(fast.logsumexp(-1).sum(), rows)[0]
+    model.lm_head.weight.requires_grad_(True)  # a model being trained: the whole sequence, every call
+    full = target_logits(model, seqs, 0, rows)
+    g_full = torch.autograd.grad(full.logsumexp(-1).sum(), rows)[0]
+    torch.testing.assert_close(fast, full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(g_fast, g_full, atol=1e-6, rtol=1e-5)
