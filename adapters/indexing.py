@@ -51,7 +51,7 @@ def index_corpus(method: str, passages: Sequence[Passage], cache_dir: str | Path
     ``workers`` CPUs. On a cluster, ``cache_dir`` must be a folder every node sees (a shared filesystem)."""
     if not get_spec(method).cacheable:
         raise ConfigError(f"ragpress index: {method} keeps no per-passage cache; index with a method that has "
-                          "one (sentinel, icae)")
+                          "one (sentinel, icae, xrag)")
     if chunk < 1:
         raise ConfigError(f"--chunk {chunk}: give a positive number of passages per step")
     if engine not in ("local", "ray"):

@@ -40,5 +40,5 @@ def _make(counter: TokenCounter, artifact: str | None = None, **options: Any) ->
 
 
 register_compressor("xrag", _make, kind="soft",
-                    description="xRAG bridge: one soft row per passage from its MiniLM embedding",
-                    fixed_ratio=True, artifact=SHIPPED_ARTIFACT)
+                    description="xRAG bridge: a few soft rows per passage from a vector kept at index time",
+                    fixed_ratio=True, cacheable=True, artifact=SHIPPED_ARTIFACT)

@@ -1,19 +1,24 @@
-"""``xrag``: one soft row per document, from the retriever's own embedding through a trained bridge.
+"""``xrag``: a few soft rows per document, from a vector kept at index time, through a trained bridge.
 
 Paper: Cheng et al. 2024, "xRAG: Extreme Context Compression for Retrieval-augmented Generation with One
-Token". A frozen sentence embedder (default MiniLM-L6, 384-d) gives each passage one unit-norm vector,
-normally stored in a :class:`~compressor.retrieval.DocumentIndex` at index time; the bridge
-(:class:`~compressor.xrag.projector.Bridge`) maps it to one ``[1, hidden]`` row in the frozen decoder's
-input-embedding space, and the prompt builder splices it where the passage text would be (titles stay text).
+Token". The bridge (:class:`~compressor.xrag.projector.Bridge`, a two-layer GELU MLP) maps each passage's
+vector(s) to ``rows`` rows in the frozen decoder's input-embedding space, and the prompt builder splices them
+where the passage text would be (titles stay text). What the bridge reads is recorded in the artifact
+(``source``):
 
-Shapes: passages ``n`` -> vectors ``[n, 384]`` -> ``CompressedPassage.embeds`` ``[1, hidden]`` each, in
-input (retrieval) order; ``tokens_out`` = 1 per passage, so the ratio is the passage length in tokens.
+* ``embedder``: the retriever's vector (default MiniLM-L6, 384-d, unit norm), normally stored in a
+  :class:`~compressor.retrieval.DocumentIndex`; one vector gives all ``rows`` rows (xRAG proper: 1).
+* ``decoder``: the frozen decoder's own hidden states of the passage after ``source_layer``, mean-pooled over
+  ``rows`` equal runs of its tokens (:class:`~compressor.xrag.features.DecoderSource`); one vector per row.
 
-Trade-off: the most extreme ratio of all families (a 150-token passage becomes 1 row) and nearly free at
-query time (no decoder pass, no re-encoding of indexed passages), but lossy: one 384-d vector cannot carry
-every detail, so exact-span answers suffer more than with the text filters (``sentinel``, ``bm25``) or
-``icae``'s several rows; it only works with the decoder and embedder the bridge was trained for (soft rows,
-unlike text, do not transfer), and the budget cannot be tuned: it is one row per passage.
+Shapes: passages ``n`` -> inputs ``[n, m, in_dim]`` -> ``CompressedPassage.embeds`` ``[rows, hidden]`` each, in
+input order; ``tokens_out`` = ``rows`` per passage, so the ratio is the passage length over ``rows``. With
+``cache_dir`` the rows of each passage are kept (``ragpress index --method xrag``) and read back.
+
+Trade-off: the most extreme ratios of all families and nearly free at query time once indexed, but lossy: a
+few vectors cannot carry every detail, so exact-span answers suffer more than with the text filters
+(``sentinel``, ``bm25``); it only works with the decoder (and embedder) the bridge was trained for, and the
+budget cannot be tuned: it is ``rows`` rows per passage.
 """
 
 from __future__ import annotations
