@@ -324,7 +324,29 @@ def cases(smol_tokenizer):
         icae = load_icae(counter, dtype=DTYPE)
         out["icae"] = [builder.build(icae.compress(ex.question, ex.passages)) for ex in exs]
         del icae
+    xrag = _xrag_rows(counter, exs)
+    out["xrag"] = [builder.build(xrag.compress(ex.question, ex.passages)) for ex in exs]
     return out
+
+
+def _xrag_rows(counter, exs):
+    """An xrag compressor reading SmolLM2's own layer-15 states, 4 rows a passage, through a seeded bridge
+    standardised and norm-calibrated on the questions' passages: a plumbing check of xrag's rows on the vLLM
+    path (the same greedy tokens as HF), not a trained compressor."""
+    from compressor.models import load_causal_lm
+    from compressor.xrag import Bridge, XRAGCompressor, XRAGConfig
+    from compressor.xrag.features import DecoderSource
+    from compressor.xrag.projector import embedding_row_norm
+
+    model, tok = load_causal_lm("smollm2-135m-instruct", dtype=DTYPE)
+    src = DecoderSource(model, tok, 15, 4)
+    torch.manual_seed(0)
+    bridge = Bridge(src.dim, 64, src.dim)
+    x = src.encode([p.text for ex in exs for p in ex.passages]).reshape(-1, src.dim)
+    bridge.standardise_(x)
+    bridge.calibrate_(x, embedding_row_norm(model))
+    return XRAGCompressor(counter, XRAGConfig(source="decoder", source_layer=15, rows=4, bridge_width=64,
+                                              source_dtype=DTYPE), bridge, source=src)
 
 
 @pytest.fixture(scope="module")
@@ -459,7 +481,7 @@ class TestRemote:
 
     def test_remote_greedy_equals_hf(self, server, cases, hf_refs):
         with RemoteVLLMBackend(server, "smollm2-135m-instruct", dtype=DTYPE) as be:
-            for k in [k for k in ("none", "bm25", "splice", "soft", "icae") if k in cases]:
+            for k in [k for k in ("none", "bm25", "splice", "soft", "icae", "xrag") if k in cases]:
                 gens = be.generate(cases[k], PARAMS)
                 _assert_same(gens, hf_refs[k], f"remote {k}")
                 assert all(0 < g.ttft_s <= g.e2e_s for g in gens)

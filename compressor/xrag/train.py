@@ -240,6 +240,13 @@ def train_xrag(
         bridge.eval()
         row = {"step": step, **score_soft_answers(model, lay.builder, val, lambda r: rows_of([p.text for p in r.passages])
                                                   .split(k), score, train.max_answer_tokens, "xrag")}
+        # The control beside it: each question read with the rows of the next one's passages. Answer format
+        # is learnt by both; only the gap between the two is information carried by the rows.
+        nxt = {id(r): val[(n + 1) % len(val)] for n, r in enumerate(val)}
+        other = score_soft_answers(model, lay.builder, val, lambda r: rows_of(
+            [nxt[id(r)].passages[j % len(nxt[id(r)].passages)].text for j in range(len(r.passages))]).split(k),
+            score, train.max_answer_tokens, "xrag")
+        row.update({f"other_{key}": v for key, v in other.items() if key != "n"})
         bridge.train()
         with open(val_log, "a") as f:
             f.write(json.dumps(row) + "\n")
