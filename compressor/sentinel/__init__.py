@@ -8,9 +8,9 @@ from ..base import TokenCounter
 from ..errors import ArtifactError
 from ..registry import register_compressor
 from .config import SentinelConfig
-from .model import FAST_ARTIFACT, SHIPPED_ARTIFACT, SentinelCompressor, SentinelProbe
+from .model import DEEP_ARTIFACT, SHIPPED_ARTIFACT, SentinelCompressor, SentinelProbe
 
-__all__ = ["SentinelConfig", "SentinelCompressor", "SentinelProbe", "SHIPPED_ARTIFACT", "FAST_ARTIFACT"]
+__all__ = ["SentinelConfig", "SentinelCompressor", "SentinelProbe", "SHIPPED_ARTIFACT", "DEEP_ARTIFACT"]
 
 
 def _maker(shipped: Path, layers: str):
@@ -24,9 +24,10 @@ def _maker(shipped: Path, layers: str):
 
 
 # Always registered; without its trained probe each refuses to build (untrained weights are never a compressor).
-# The two differ only in how many proxy layers the probe reads: 4 (sentinel) or 2 (sentinel_fast, about half the
-# proxy's cost, the same answers within noise on the benchmark; docs/experiments/sentinel.md#cost).
-register_compressor("sentinel", _maker(SHIPPED_ARTIFACT, "4"), kind="text", cacheable=True,
+# The two differ only in how many proxy layers the probe reads: 2 (sentinel, the default since 2026-12-06) or 4
+# (sentinel_l4, the default before; the same answers within noise on the benchmark with both decoders, about a
+# third more compression time: docs/experiments/sentinel.md#cost, benchmarks/sentinel-fast*).
+register_compressor("sentinel", _maker(SHIPPED_ARTIFACT, "2"), kind="text", cacheable=True,
                     description="attention probe on a proxy LLM (trained)", artifact=SHIPPED_ARTIFACT)
-register_compressor("sentinel_fast", _maker(FAST_ARTIFACT, "2"), kind="text", cacheable=True,
-                    description="the attention probe on 2 proxy layers, not 4 (trained)", artifact=FAST_ARTIFACT)
+register_compressor("sentinel_l4", _maker(DEEP_ARTIFACT, "4"), kind="text", cacheable=True,
+                    description="the attention probe on 4 proxy layers, not 2 (trained)", artifact=DEEP_ARTIFACT)
