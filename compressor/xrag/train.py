@@ -94,9 +94,10 @@ def _data_hash(texts: Sequence[str], qa: Sequence[QARecord]) -> str:
 
 
 def _source_inputs(config: XRAGConfig, model: Any, tok: Any, passages: list[str], work: Path, train_dtype: str,
-                   log: Callable[[str], None]) -> tuple[Callable[[Sequence[str]], torch.Tensor], int, dict[str, Any]]:
+                   log: Callable[[str], None]) -> tuple[Callable[[Sequence[str]], torch.Tensor], int, dict[str, Any], Any]:
     """The bridge inputs of the training passages, computed once (and kept under ``work``): a lookup
-    ``texts -> [n, m, in_dim]``, ``in_dim`` and the source's identity for the checkpoint."""
+    ``texts -> [n, m, in_dim]``, ``in_dim``, the source's identity for the checkpoint and the decoder source
+    (None for the embedder), which the trained compressor keeps."""
     from ..cache import TensorCache
     from ..models import load_causal_lm, model_fingerprint
 
@@ -111,7 +112,7 @@ def _source_inputs(config: XRAGConfig, model: Any, tok: Any, passages: list[str]
                 raise RuntimeError("a training passage is missing from the training index")
             return vecs[:, None]
 
-        return lookup, index.dim, {"embedder_sha256": index.embedder["sha256"]}
+        return lookup, index.dim, {"embedder_sha256": index.embedder["sha256"]}, None
     from .features import DecoderSource
 
     src_model = model if config.source_dtype == train_dtype else load_causal_lm(config.decoder, dtype=config.source_dtype)[0]
@@ -131,7 +132,7 @@ def _source_inputs(config: XRAGConfig, model: Any, tok: Any, passages: list[str]
     def lookup(texts: Sequence[str]) -> torch.Tensor:
         return torch.stack([got[t] for t in texts])
 
-    return lookup, source.dim, {}
+    return lookup, source.dim, {}, source
 
 
 def train_xrag(
@@ -175,7 +176,7 @@ def train_xrag(
                                   [p.text for r in [*qa, *val] for p in r.passages]))
     if train.total_steps == 0:  # an untrained control only needs inputs to calibrate the output norm
         passages = passages[:512]
-    inputs, in_dim, source_id = _source_inputs(config, model, tok, passages, work, dtype, log)
+    inputs, in_dim, source_id, source = _source_inputs(config, model, tok, passages, work, dtype, log)
 
     torch.manual_seed(train.seed)
     k = config.rows
@@ -263,19 +264,9 @@ def train_xrag(
         report["validation"] = [json.loads(ln) for ln in val_log.read_text().splitlines() if ln.strip()]
     bridge.eval()
     manifest = {"bridge": {"target_norm": round(target_norm, 5)}}
-    comp = XRAGCompressor(counter, config, bridge, manifest=manifest,
-                          source=None if config.source == "embedder" else _frozen_source(model, tok, config, dtype))
+    comp = XRAGCompressor(counter, config, bridge, manifest=manifest, source=source)
     report.update(n_stage1_passages=len(texts), n_stage2_records=len(qa), target_norm=round(target_norm, 5))
     if teacher_counts:
         report["distill_targets"] = teacher_counts
     return comp, report
 
-
-def _frozen_source(model: Any, tok: Any, config: XRAGConfig, dtype: str) -> Any:
-    """The training decoder as the compressor's source when it runs in the source's dtype (else None: loaded
-    on first use)."""
-    from .features import DecoderSource
-
-    if config.source_dtype != dtype:
-        return None
-    return DecoderSource(model, tok, config.source_layer, config.rows, config.embed_batch_size)
