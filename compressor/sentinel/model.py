@@ -79,10 +79,13 @@ class SentinelCompressor(SentenceFilter):
 
     def _index(self, passages: list[Passage]) -> tuple[int, int]:
         """Index time: each passage's sentence embeddings into ``cache_dir`` (split as :meth:`compress` splits
-        them), so a question pays only for its own embedding and the proxy pass."""
+        them), so a question pays only for its own embedding and the proxy pass. A probe on a static embedder
+        (``minilm-l6-static``) has nothing to store: ``(0, 0)``."""
         if not self.layout.uses_embedder:
             raise ConfigError(f"this sentinel probe's features ({self.layout}) use no sentence embeddings, so "
                               "there is nothing to index")
+        if self.attention.embeds_by_lookup:
+            return 0, 0  # a static embedder's vectors are a lookup: nothing to store ahead of time
         if not self.config.cache_dir:
             raise ConfigError("sentinel has no cache_dir: set cache_dir (the folder the embeddings go to, and that "
                               "compress reads) to index passages")
