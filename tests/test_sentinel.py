@@ -207,6 +207,61 @@ def test_static_embedder_reader_keeps_no_cache(counter, tiny_reader, tiny_model_
     np.testing.assert_array_equal(reader.features(q, PASSAGES, _spans(PASSAGES)).x, plain.x)
 
 
+TOWNS = [Passage(title=f"Town {i}", text=" ".join(f"Town {i} fact {j}: it has {i * j} bridges and a {w} market."
+                                                  for j, w in enumerate(["fish", "book", "flower", "cheese"])))
+        for i in range(6)]  # 24 sentences
+
+
+def test_embed_share_embeds_the_screened_share_and_maps_the_rest(counter, tiny_reader, monkeypatch):
+    """embed_share < 1 without a cache: the probe ranks every sentence on the screen embedder's cosines, MiniLM
+    embeds the question and the best ceil(share * n) sentences (8 at least), the others' cosines come from a
+    least-squares line on the screened ones, embed_z is recomputed over all; share 1 embeds every sentence."""
+    from compressor.embed import get_embedder
+
+    q = "Which town has a cheese market with many bridges?"
+    minilm = get_embedder("minilm-l6", "float32")
+    calls = []
+    real = type(minilm).encode
+    monkeypatch.setattr(type(minilm), "encode", lambda self, texts, *a, **k: calls.append(list(texts)) or
+                        real(self, texts, *a, **k))
+    full = _trained(counter, tiny_reader)
+    sents = full.sentences(TOWNS)
+    exact = full.score_sentences(q, TOWNS, sents)
+    assert len(calls[-1]) == 1 + 24
+    part = _trained(counter, tiny_reader, embed_share=0.4)
+    got = part.score_sentences(q, TOWNS, sents)
+    assert len(calls[-1]) == 1 + 10 and calls[-1][0] == q  # ceil(0.4 * 24)
+    # rebuild the features the screened path scores, from its pieces
+    spans, layout = _spans(TOWNS), DEFAULT_LAYOUT
+    docs = tiny_reader.embed_docs(TOWNS, spans)[0]
+    screen = get_embedder("minilm-l6-static").similarity(q, docs)
+    x = tiny_reader.features_batch([(q, TOWNS, spans)], cos=[screen])[0].x.astype(np.float64)
+    pick = np.sort(np.argsort(-part.probe(x), kind="stable")[:10])
+    assert calls[-1][1:] == [docs[i] for i in pick]
+    v = minilm.encode([q, *docs])
+    true = (v[1:] @ v[0]).numpy().astype(np.float64)
+    slope, icept = np.polyfit(screen[pick], true[pick], 1)
+    cos = slope * screen + icept
+    cos[pick] = true[pick]
+    ci, zi = (layout.column(n, 2, 4) for n in ("embed_cos", "embed_z"))
+    x[:, ci], x[:, zi] = cos, (cos - cos.mean()) / (cos.std() + 1e-6)
+    np.testing.assert_allclose(got, part.probe(x), atol=1e-4)
+    assert not np.allclose(got, exact)  # the mapped cosines differ from the exact ones
+    part.score_sentences(q, TOWNS[:1], part.sentences(TOWNS[:1]))
+    assert len(calls[-1]) == 1 + 4  # 8 sentences or fewer: all embedded
+
+
+def test_embed_share_reads_the_cache_exactly(counter, tiny_reader, tmp_path):
+    """With an embedding cache every sentence's vector is a read: embed_share does not apply."""
+    q = "Which town has a cheese market?"
+    exact = _trained(counter, tiny_reader).score_sentences(q, TOWNS, _trained(counter, tiny_reader).sentences(TOWNS))
+    comp = _trained(counter, tiny_reader, embed_share=0.25, cache_dir=str(tmp_path))
+    try:
+        np.testing.assert_allclose(comp.score_sentences(q, TOWNS, comp.sentences(TOWNS)), exact, atol=1e-4)
+    finally:
+        tiny_reader.embed_cache_dir = None
+
+
 def test_layout_names_are_validated():
     with pytest.raises(ConfigError, match="unknown or repeated names.*choose from"):
         FeatureLayout(("question:zlogmean", "typo"), ())

@@ -39,6 +39,14 @@ class SentinelConfig(SentenceFilterConfig):
         default=True, description="On for sentinel (off for bm25 / minilm): on 100 NQ + 9 and 100 SQuAD + 9 training "
         "questions it keeps 0.75 / 0.90 of the answer sentences that open with a back-reference under the early "
         "stop, against 0.68 / 0.83 off, other answer sentences unchanged (research/back_references.py).")
+    embed_share: float = Field(
+        default=1.0, gt=0.0, le=1.0, description="Without a cache, the share of a question's sentences the embedder "
+        "embeds at query time (1 = all). Below 1 the probe first scores every sentence with `screen_embedder`'s "
+        "cosines in their place, the embedder embeds the best-scoring share (8 sentences at least), the other "
+        "sentences' cosines are mapped from the screen's by a per-question least-squares line, and the probe "
+        "scores again (docs/experiments/sentinel.md#cost).")
+    screen_embedder: str = Field(default="minilm-l6-static", description="Cheap embedder that ranks the sentences "
+                                 "when embed_share < 1 (a static table: a lookup per token).")
     cache_dir: str | None = Field(default=None, description="Folder of cached sentence embeddings: a passage's "
                                   "sentences are embedded once (ahead of time, or by the first question that "
                                   "reads it); None embeds them for every question.")
@@ -79,6 +87,10 @@ class FeatureLayout:
     @property
     def uses_embedder(self) -> bool:
         return any(e in self.extra for e in EMBED_EXTRAS)
+
+    def column(self, name: str, layers: int, heads: int) -> int | None:
+        """Column of the scalar ``name`` in the feature matrix (None when the layout does not read it)."""
+        return len(self.pooling) * layers * heads + self.extra.index(name) if name in self.extra else None
 
     def width(self, layers: int, heads: int) -> int:
         return len(self.pooling) * layers * heads + len(self.extra)

@@ -24,7 +24,7 @@ from ..base import Passage, TokenCounter
 from ..errors import ArtifactError, ConfigError
 from ..filters.base import Sentence, SentenceFilter
 from .config import DEFAULT_LAYOUT, FORMAT_VERSION, FeatureLayout, SentinelConfig
-from .rerank import RERANK_FEATURES, HopReranker
+from .rerank import RERANK_FEATURES, HopReranker, zscore
 
 __all__ = ["SentinelProbe", "SentinelCompressor", "SHIPPED_ARTIFACT", "DEEP_ARTIFACT"]
 
@@ -96,28 +96,74 @@ class SentinelCompressor(SentenceFilter):
         return [cache] if cache is not None else []
 
     def score_sentences(self, query: str, passages: list[Passage], sentences: list[Sentence]) -> np.ndarray:
-        if not sentences:
-            return np.zeros(0)
-        feats = self.attention.features(query, passages, _spans_by_passage(passages, sentences),
-                                        layers=self.config.layers, layout=self.layout)
-        scores = self.probe(feats.x.astype(np.float64))
-        if self.reranker is None:
-            return scores
-        return self.reranker(query, passages, [s.passage for s in sentences], [s.text for s in sentences], scores)
+        return self.score_batch([(query, passages, sentences)])[0]
 
     def score_batch(self, items: list[tuple[str, list[Passage], list[Sentence]]]) -> list[np.ndarray]:
-        """Several questions' sentences: their proxy windows in padded batches and, without a cache, their
-        sentence embeddings in one call (:meth:`AttentionReader.features_batch`); then the probe per question."""
+        """Several questions' sentences: their proxy windows (:meth:`AttentionReader.features_batch`) and,
+        without a cache, their sentence embeddings in one call (only the screened share with ``embed_share`` < 1,
+        :meth:`_screened`); then the probe and the second stage per question."""
         todo = [k for k, (_, _, sents) in enumerate(items) if sents]
-        feats = self.attention.features_batch(
-            [(items[k][0], items[k][1], _spans_by_passage(items[k][1], items[k][2])) for k in todo],
-            layers=self.config.layers, layout=self.layout) if todo else []
+        reqs = [(items[k][0], items[k][1], _spans_by_passage(items[k][1], items[k][2])) for k in todo]
+        screen = self._screen_cos(reqs) if reqs and self._screening() else None
+        feats = self.attention.features_batch(reqs, layers=self.config.layers, layout=self.layout,
+                                              cos=screen) if reqs else []
+        xs = [f.x.astype(np.float64) for f in feats]
+        if screen is not None:
+            xs = self._screened(reqs, xs, screen)
         out = [np.zeros(0) for _ in items]
-        for k, f in zip(todo, feats, strict=True):
+        for k, x in zip(todo, xs, strict=True):
             query, passages, sentences = items[k]
-            scores = self.probe(f.x.astype(np.float64))
+            scores = self.probe(x)
             out[k] = scores if self.reranker is None else self.reranker(
                 query, passages, [s.passage for s in sentences], [s.text for s in sentences], scores)
+        return out
+
+    # -- embedding a share of the sentences (embed_share < 1) ---------------------------------------------
+    def _screening(self) -> bool:
+        return (self.layout.uses_embedder and self.config.embed_share < 1.0 and self.attention.embed_cache is None
+                and not self.attention.embeds_by_lookup)
+
+    def _screen_cos(self, reqs: list[tuple[str, list[Passage], list[list[tuple[int, int]]]]]) -> list[np.ndarray]:
+        from ..embed import get_embedder
+
+        screen = get_embedder(self.config.screen_embedder)
+        return [screen.similarity(q, self.attention.embed_docs(p, sp)[0]) for q, p, sp in reqs]
+
+    def _screened(self, reqs: list[tuple[str, list[Passage], list[list[tuple[int, int]]]]], xs: list[np.ndarray],
+                  screen: list[np.ndarray]) -> list[np.ndarray]:
+        """``xs`` (features with the screen's cosines) with the embedder's cosines: exact for the share of
+        sentences the probe ranks best on the screened features, mapped from the screen's for the others by a
+        per-question least-squares line fit on the exact ones; ``embed_z`` recomputed over all."""
+        import math
+
+        from ..embed import get_embedder
+
+        layers, heads = self.config.layers or self.attention.n_layers, self.attention.n_heads
+        ci, zi = (self.layout.column(n, layers, heads) for n in ("embed_cos", "embed_z"))
+        picks, texts = [], []
+        for (q, p, sp), x, s in zip(reqs, xs, screen, strict=True):
+            n = len(s)
+            k = n if n <= 8 else max(8, math.ceil(self.config.embed_share * n))
+            picks.append(np.sort(np.argsort(-self.probe(x), kind="stable")[:k]))
+            docs = self.attention.embed_docs(p, sp)[0]
+            texts += [q, *(docs[i] for i in picks[-1])]
+        v = get_embedder(self.config.embedder, self.attention.embedder_dtype).encode(texts)
+        out, at = [], 0
+        for x, s, pick in zip(xs, screen, picks, strict=True):
+            exact = (v[at + 1:at + 1 + len(pick)] @ v[at]).numpy().astype(np.float64)
+            at += 1 + len(pick)
+            if len(pick) < len(s) and np.ptp(s[pick]) > 1e-9:
+                slope, icept = np.polyfit(s[pick], exact, 1)
+                cos = slope * s + icept
+            else:
+                cos = np.full(len(s), exact.mean() if len(exact) else 0.0)
+            cos[pick] = exact
+            x = x.copy()
+            if ci is not None:
+                x[:, ci] = cos
+            if zi is not None:
+                x[:, zi] = zscore(cos[:, None])[:, 0]
+            out.append(x)
         return out
 
     # -- artifact ---------------------------------------------------------------------------------------

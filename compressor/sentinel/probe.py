@@ -513,12 +513,13 @@ class AttentionReader:
 
     def features_batch(self, items: list[tuple[str, list[Passage], list[list[tuple[int, int]]]]],
                        layers: int | None = None, layout: FeatureLayout = DEFAULT_LAYOUT,
-                       batch_size: int | None = None) -> list[ProbeFeatures]:
+                       batch_size: int | None = None, cos: list[np.ndarray] | None = None) -> list[ProbeFeatures]:
         """:meth:`features` of several questions' contexts: their proxy windows read ``batch_size`` at a time in
         one right-padded forward pass each, and, without an embedding cache, every question and sentence
         embedded in one call. ``batch_size`` None: 8 on an accelerator, 1 on a CPU, where a window of ~1,500
         tokens already fills the matrix units and padding only adds work (HotpotQA, 2 cores, 2026-12-07: 0.09-0.10 s
-        a question one window at a time, 0.10-0.12 s eight at a time). The same features as one at a time up to the rounding of padded kernels (in
+        a question one window at a time, 0.10-0.12 s eight at a time). ``cos``: per item, the embedder
+        cosines to use (one per sentence) instead of embedding. The same features as one at a time up to the rounding of padded kernels (in
         float32 a z-scored log-attention feature moves by up to ~2e-4; bf16 rounds the attention rows themselves).
         The windows of one long context are batched the same way."""
         layers = self.n_layers if layers is None else min(layers, self.n_layers)
@@ -538,7 +539,7 @@ class AttentionReader:
         per: dict[int, list[int]] = {}
         for u, (k, _) in enumerate(units):
             per.setdefault(k, []).append(u)
-        cos = self._batch_similarity(items, layout)
+        cos = cos if cos is not None else self._batch_similarity(items, layout)
         return [self._item_features(*items[k], [units[u][1] for u in per[k]],
                                     [self._blocks(units[u][1], rows[u], layout) for u in per[k]], layers, layout,
                                     None if cos is None else cos[k]) for k in range(len(items))]
