@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import subprocess
 import sys
 
@@ -405,3 +406,26 @@ def test_shared_prefix_is_run_once_with_the_same_logits_and_gradients(smol_token
     g_full = torch.autograd.grad(full.logsumexp(-1).sum(), rows)[0]
     torch.testing.assert_close(fast, full, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(g_fast, g_full, atol=1e-6, rtol=1e-5)
+
+
+def test_contrastive_term_reads_the_next_records_rows(tiny_model_dir, tmp_path):
+    """contrast_weight > 0: each stage-2 step also scores the targets under the next record's rows and logs the
+    logistic loss on the per-record gap of mean log-probabilities; _mean_logp splits the targets per record."""
+    from compressor.training import Seq
+    from compressor.xrag.train import _mean_logp
+
+    logits = torch.log(torch.tensor([[0.5, 0.5], [0.9, 0.1], [0.2, 0.8]]))
+    seqs = [Seq([0, 1], [], 1, 1), Seq([0, 1, 2], [], 1, 2)]
+    got = _mean_logp(logits, torch.tensor([0, 0, 1]), seqs)
+    torch.testing.assert_close(got, torch.tensor([math.log(0.5), (math.log(0.9) + math.log(0.8)) / 2]))
+    qa = [QARecord("What is the capital of France?", (PASSAGES[0],), "Paris", ("Paris",), (0,)),
+          QARecord("What produces ATP?", (PASSAGES[1], PASSAGES[2]), "the mitochondrion", ("mitochondrion",), (0,))]
+    cfg = XRAGConfig(decoder=str(tiny_model_dir), source="decoder", source_layer=2, source_dtype="float32", rows=2,
+                     bridge_width=16)
+    tc = XRAGTrainConfig(stage1_steps=0, stage2_steps=2, batch_size=2, checkpoint_every=1, precision="fp32",
+                         max_answer_tokens=4, stage2_targets="distill", contrast_weight=1.0)
+    train_xrag(TEXTS, qa, tmp_path, cfg, tc, progress=False, log=lambda s: None, accept=lambda text, r: True)
+    lines = [json.loads(x) for x in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert [x["stage"] for x in lines] == [2, 2]
+    for x in lines:  # softplus(-beta * gap), averaged: positive, and log(2) exactly when the rows carry nothing
+        assert x["contrast"] > 0 and "logp_gap" in x

@@ -69,6 +69,11 @@ class XRAGTrainConfig(StagedTrainConfig):
         "as text in the same prompt (text, xRAG), or the cached answers and top-K distributions of the frozen "
         "decoder reading the evidence passages (distill, compressor.distill; needs records with evidence).")
     distill_top_k: int = Field(default=32, ge=1, le=1024, description="distill: teacher tokens kept per position.")
+    contrast_weight: float = Field(
+        default=0.0, ge=0.0, le=100.0, description="Stage 2: weight of a contrastive term: each record's target "
+        "answer must be likelier (mean token log-probability) under its own rows than under the next record's rows "
+        "in the batch; logistic loss on the difference times contrast_beta. 0: off (it doubles stage 2's forwards).")
+    contrast_beta: float = Field(default=2.0, gt=0.0, le=100.0, description="Scale of the contrastive difference.")
     max_passage_tokens: int = Field(default=128, ge=4, le=4096,
                                     description="Stage 1 target: passage tokens regenerated (longer ones are cut).")
     # Measured here (2 shared cores with AMX, batch 4, CPU-seconds a step): stage 1 bf16 14.1 / fp32 11.0,

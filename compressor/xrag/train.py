@@ -135,6 +135,13 @@ def _source_inputs(config: XRAGConfig, model: Any, tok: Any, passages: list[str]
     return lookup, source.dim, {}, source
 
 
+def _mean_logp(logits: torch.Tensor, labels: torch.Tensor, seqs: Sequence[Seq]) -> torch.Tensor:
+    """Per sequence, the mean log-probability of its target tokens: ``[len(seqs)]`` (logits and labels are the
+    targets of all sequences, concatenated in order, as :func:`~compressor.training.target_logits` returns them)."""
+    lp = torch.log_softmax(logits, -1).gather(1, labels[:, None])[:, 0]
+    return torch.stack([part.mean() for part in lp.split([s.n_target for s in seqs])])
+
+
 def train_xrag(
     texts: Sequence[str],
     qa: Sequence[QARecord],
@@ -229,7 +236,17 @@ def train_xrag(
             kl = torch.nn.functional.kl_div(torch.log_softmax(logits / T, -1), torch.log_softmax(t_logits / T, -1),
                                             log_target=True, reduction="batchmean") * T * T
         loss = nll + (train.kl_weight * kl if stage == 2 else 0.0)
-        return loss, {"nll": round(nll.item(), 5), "kl": round(kl.item(), 5),
+        extra: dict[str, Any] = {}
+        if stage == 2 and train.contrast_weight > 0 and len(seqs) > 1:
+            # the same targets read with the next record's rows: the answer must be likelier under its own
+            other = [seqs[(n + 1) % len(seqs)].texts for n in range(len(seqs))]
+            o_logits = _target_logits(model, seqs, lay.ph, rows_of(
+                [o[m % len(o)] for s, o in zip(seqs, other) for m in range(len(s.texts))]))
+            gap = _mean_logp(logits, labels, seqs) - _mean_logp(o_logits, labels, seqs)
+            contrast = torch.nn.functional.softplus(-train.contrast_beta * gap).mean()
+            loss = loss + train.contrast_weight * contrast
+            extra = {"contrast": round(contrast.item(), 5), "logp_gap": round(gap.mean().item(), 5)}
+        return loss, {"nll": round(nll.item(), 5), "kl": round(kl.item(), 5), **extra,
                       "seq_len": max(len(s.ids) for s in seqs), "target_tokens": int(labels.numel())}
 
     val_log = work / "val_log.jsonl"
