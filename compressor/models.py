@@ -164,11 +164,17 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
         if spec.static_of is not None:
             from .static_embed import derive_static, static_identity
 
+            if (final / SOURCE_FILE).exists() and json.loads((final / SOURCE_FILE).read_text()).get(
+                    "sha256") != static_identity(model_fingerprint(spec.static_of)):
+                # derived from other weights, counts or recipe: moved aside (a reader holding it keeps its
+                # files; a concurrent mover loses the race harmlessly), then derived again
+                aside = final.with_name(f".{final.name}-stale-{os.getpid()}")
+                try:
+                    os.rename(final, aside)
+                except OSError:
+                    pass
+                shutil.rmtree(aside, ignore_errors=True)
             if not (final / SOURCE_FILE).exists():
-                derive_static(spec.name, spec.static_of, final)
-            elif json.loads((final / SOURCE_FILE).read_text()).get("sha256") != static_identity(
-                    model_fingerprint(spec.static_of)):  # derived from other weights, counts or recipe: redo
-                shutil.rmtree(final, ignore_errors=True)
                 derive_static(spec.name, spec.static_of, final)
             return final
         if not (final / SOURCE_FILE).exists():

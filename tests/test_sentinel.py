@@ -241,14 +241,19 @@ def test_embed_share_embeds_the_screened_share_and_maps_the_rest(counter, tiny_r
     v = minilm.encode([q, *docs])
     true = (v[1:] @ v[0]).numpy().astype(np.float64)
     slope, icept = np.polyfit(screen[pick], true[pick], 1)
-    cos = slope * screen + icept
+    cos = np.clip(slope * screen + icept, -1.0, true[pick].max()) if slope > 0 else np.full(24, true[pick].mean())
     cos[pick] = true[pick]
-    ci, zi = (layout.column(n, 2, 4) for n in ("embed_cos", "embed_z"))
+    width = len(layout.pooling) * 2 * 4  # attention blocks of 2 layers x 4 heads, then the scalars
+    ci, zi = width + layout.extra.index("embed_cos"), width + layout.extra.index("embed_z")
+    assert (ci, zi) == (layout.column("embed_cos", 2, 4), layout.column("embed_z", 2, 4))
     x[:, ci], x[:, zi] = cos, (cos - cos.mean()) / (cos.std() + 1e-6)
     np.testing.assert_allclose(got, part.probe(x), atol=1e-4)
     assert not np.allclose(got, exact)  # the mapped cosines differ from the exact ones
     part.score_sentences(q, TOWNS[:1], part.sentences(TOWNS[:1]))
     assert len(calls[-1]) == 1 + 4  # 8 sentences or fewer: all embedded
+    small = _trained(counter, tiny_reader, embed_share=0.1)
+    small.score_sentences(q, TOWNS, sents)
+    assert len(calls[-1]) == 1 + 8  # ceil(0.1 * 24) = 3, raised to 8
 
 
 def test_embed_share_reads_the_cache_exactly(counter, tiny_reader, tmp_path):

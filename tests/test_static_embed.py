@@ -32,6 +32,8 @@ def test_table_rows_are_the_encoders_token_readout(static):
     assert 0 < the < paris <= 1
     unseen = [i for i, w in enumerate(static.weights.tolist()) if w == 1.0]
     assert unseen and static.table.shape == (len(tok), 384)
+    assert all(static.weights[i] == 0 for i in tok.all_special_ids)  # [UNK], [CLS], ... carry no meaning
+    assert float(static.encode(["\u2603\u2603"]).norm()) == 0.0  # only [UNK]s: a zero row, not the [UNK] row
 
 
 @pytest.mark.real_model
@@ -73,6 +75,11 @@ def test_identity_is_of_the_inputs_and_a_stale_table_is_redone(static, tmp_path,
     monkeypatch.setattr(S, "derive_static", lambda name, base, final: calls.append((name, base, final)))
     M.resolve_model("minilm-l6-static")
     assert calls == [("minilm-l6-static", "minilm-l6", stale)] and not stale.exists()
+    assert not list(stale.parent.glob(".minilm-l6-static-stale-*"))  # the stale copy is gone, not left aside
+    # an up-to-date folder is used as it is
+    stale.mkdir()
+    (stale / M.SOURCE_FILE).write_text(json.dumps({"sha256": S.static_identity(base_sha)}))
+    assert M.resolve_model("minilm-l6-static") == stale and len(calls) == 1
 
 
 def test_counts_record_their_sources():

@@ -424,8 +424,17 @@ def test_contrastive_term_reads_the_next_records_rows(tiny_model_dir, tmp_path):
                      bridge_width=16)
     tc = XRAGTrainConfig(stage1_steps=0, stage2_steps=2, batch_size=2, checkpoint_every=1, precision="fp32",
                          max_answer_tokens=4, stage2_targets="distill", contrast_weight=1.0)
-    train_xrag(TEXTS, qa, tmp_path, cfg, tc, progress=False, log=lambda s: None, accept=lambda text, r: True)
-    lines = [json.loads(x) for x in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    train_xrag(TEXTS, qa, tmp_path / "a", cfg, tc, progress=False, log=lambda s: None, accept=lambda text, r: True)
+    lines = [json.loads(x) for x in (tmp_path / "a" / "train_log.jsonl").read_text().splitlines()]
     assert [x["stage"] for x in lines] == [2, 2]
-    for x in lines:  # softplus(-beta * gap), averaged: positive, and log(2) exactly when the rows carry nothing
-        assert x["contrast"] > 0 and "logp_gap" in x
+    assert all(x["contrast"] > 0 and x["logp_gap"] != 0 for x in lines)  # the two records' rows differ
+    # one record in the batch: its "other" rows are its own, the gap is 0 and the term is not added
+    tc1 = tc.model_copy(update={"batch_size": 1})
+    train_xrag(TEXTS, qa[:1], tmp_path / "b", cfg, tc1, progress=False, log=lambda s: None,
+               accept=lambda text, r: True)
+    assert all("contrast" not in json.loads(x) for x in (tmp_path / "b" / "train_log.jsonl").read_text().splitlines())
+    # two copies of one record: the next record's rows are the same rows, the gap 0, the term softplus(0) = log 2
+    train_xrag(TEXTS, [qa[0], qa[0]], tmp_path / "c", cfg, tc, progress=False, log=lambda s: None,
+               accept=lambda text, r: True)
+    for x in (json.loads(x) for x in (tmp_path / "c" / "train_log.jsonl").read_text().splitlines()):
+        assert abs(x["logp_gap"]) < 1e-4 and abs(x["contrast"] - math.log(2)) < 1e-4

@@ -133,7 +133,8 @@ class SentinelCompressor(SentenceFilter):
                   screen: list[np.ndarray]) -> list[np.ndarray]:
         """``xs`` (features with the screen's cosines) with the embedder's cosines: exact for the share of
         sentences the probe ranks best on the screened features, mapped from the screen's for the others by a
-        per-question least-squares line fit on the exact ones; ``embed_z`` recomputed over all."""
+        per-question least-squares line fit on the exact ones (used only with a positive slope, else their mean;
+        clipped to at most the best exact cosine); ``embed_z`` recomputed over all."""
         import math
 
         from ..embed import get_embedder
@@ -152,11 +153,11 @@ class SentinelCompressor(SentenceFilter):
         for x, s, pick in zip(xs, screen, picks, strict=True):
             exact = (v[at + 1:at + 1 + len(pick)] @ v[at]).numpy().astype(np.float64)
             at += 1 + len(pick)
+            cos = np.full(len(s), exact.mean())
             if len(pick) < len(s) and np.ptp(s[pick]) > 1e-9:
                 slope, icept = np.polyfit(s[pick], exact, 1)
-                cos = slope * s + icept
-            else:
-                cos = np.full(len(s), exact.mean() if len(exact) else 0.0)
+                if slope > 0:  # fit on the best-ranked few: never inverted, never above the best exact cosine
+                    cos = np.clip(slope * s + icept, -1.0, exact.max())
             cos[pick] = exact
             x = x.copy()
             if ci is not None:
@@ -177,7 +178,8 @@ class SentinelCompressor(SentenceFilter):
             "library_version": __version__,
             "proxy": {"id": model_id(self.config.proxy), "sha256": model_fingerprint(self.config.proxy),
                       "num_layers": self.attention.n_layers, "num_heads": self.attention.n_heads},
-            "config": self.config.model_dump(exclude={"proxy", "embedder", "cache_dir"}),
+            "config": self.config.model_dump(exclude={"proxy", "embedder", "cache_dir", "embed_share",
+                                                       "screen_embedder"}),  # query-time choices, not the probe's
             "features": {"layers": self.config.layers or self.attention.n_layers, "heads": self.attention.n_heads,
                          "pooling": list(self.layout.pooling), "extra": list(self.layout.extra),
                          "query_positions": self.config.query_positions, "n_features": int(self.probe.coef.shape[0])},

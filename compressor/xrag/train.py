@@ -239,7 +239,7 @@ def train_xrag(
         extra: dict[str, Any] = {}
         if stage == 2 and train.contrast_weight > 0 and len(seqs) > 1:
             # the same targets read with the next record's rows: the answer must be likelier under its own
-            other = [seqs[(n + 1) % len(seqs)].texts for n in range(len(seqs))]
+            other = [seqs[(n + 1) % len(seqs)].texts or seqs[n].texts for n in range(len(seqs))]
             o_logits = _target_logits(model, seqs, lay.ph, rows_of(
                 [o[m % len(o)] for s, o in zip(seqs, other) for m in range(len(s.texts))]))
             gap = _mean_logp(logits, labels, seqs) - _mean_logp(o_logits, labels, seqs)
