@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import gzip
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -21,14 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adapters.datasets import DATA_FILES, load_dataset  # noqa: E402
 from adapters.training_data import EVAL_HOLDOUT  # noqa: E402
+from compressor.models import file_sha256 as sha256  # noqa: E402
 from compressor.models import load_tokenizer  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 OUT = Path(__file__).resolve().parents[1] / "compressor" / "data" / "token_counts_wordpiece.json.gz"
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def main() -> None:
