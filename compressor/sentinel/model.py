@@ -104,12 +104,13 @@ class SentinelCompressor(SentenceFilter):
         :meth:`_screened`); then the probe and the second stage per question."""
         todo = [k for k, (_, _, sents) in enumerate(items) if sents]
         reqs = [(items[k][0], items[k][1], _spans_by_passage(items[k][1], items[k][2])) for k in todo]
-        screen = self._screen_cos(reqs) if reqs and self._screening() else None
+        docs = [self.attention.embed_docs(p, sp)[0] for _, p, sp in reqs] if reqs and self._screening() else None
+        screen = self._screen_cos([q for q, _, _ in reqs], docs) if docs is not None else None
         feats = self.attention.features_batch(reqs, layers=self.config.layers, layout=self.layout,
                                               cos=screen) if reqs else []
         xs = [f.x.astype(np.float64) for f in feats]
         if screen is not None:
-            xs = self._screened(reqs, xs, screen)
+            xs = self._screened([q for q, _, _ in reqs], docs, xs, screen)
         out = [np.zeros(0) for _ in items]
         for k, x in zip(todo, xs, strict=True):
             query, passages, sentences = items[k]
@@ -123,13 +124,13 @@ class SentinelCompressor(SentenceFilter):
         return (self.layout.uses_embedder and self.config.embed_share < 1.0 and self.attention.embed_cache is None
                 and not self.attention.embeds_by_lookup)
 
-    def _screen_cos(self, reqs: list[tuple[str, list[Passage], list[list[tuple[int, int]]]]]) -> list[np.ndarray]:
+    def _screen_cos(self, queries: list[str], docs: list[list[str]]) -> list[np.ndarray]:
         from ..embed import get_embedder
 
         screen = get_embedder(self.config.screen_embedder)
-        return [screen.similarity(q, self.attention.embed_docs(p, sp)[0]) for q, p, sp in reqs]
+        return [screen.similarity(q, d) for q, d in zip(queries, docs, strict=True)]
 
-    def _screened(self, reqs: list[tuple[str, list[Passage], list[list[tuple[int, int]]]]], xs: list[np.ndarray],
+    def _screened(self, queries: list[str], docs: list[list[str]], xs: list[np.ndarray],
                   screen: list[np.ndarray]) -> list[np.ndarray]:
         """``xs`` (features with the screen's cosines) with the embedder's cosines: exact for the share of
         sentences the probe ranks best on the screened features, mapped from the screen's for the others by a
@@ -142,12 +143,11 @@ class SentinelCompressor(SentenceFilter):
         layers, heads = self.config.layers or self.attention.n_layers, self.attention.n_heads
         ci, zi = (self.layout.column(n, layers, heads) for n in ("embed_cos", "embed_z"))
         picks, texts = [], []
-        for (q, p, sp), x, s in zip(reqs, xs, screen, strict=True):
+        for q, d, x, s in zip(queries, docs, xs, screen, strict=True):
             n = len(s)
             k = n if n <= 8 else max(8, math.ceil(self.config.embed_share * n))
             picks.append(np.sort(np.argsort(-self.probe(x), kind="stable")[:k]))
-            docs = self.attention.embed_docs(p, sp)[0]
-            texts += [q, *(docs[i] for i in picks[-1])]
+            texts += [q, *(d[i] for i in picks[-1])]
         v = get_embedder(self.config.embedder, self.attention.embedder_dtype).encode(texts)
         out, at = [], 0
         for x, s, pick in zip(xs, screen, picks, strict=True):
