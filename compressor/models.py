@@ -15,6 +15,7 @@ minilm-l6-static         (derived from ``minilm-l6``, ~20 s once)     its static
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -123,15 +124,31 @@ def _gguf_source(spec: ModelSpec) -> Path:
     return target
 
 
+@contextlib.contextmanager
+def staged_folder(final: Path):
+    """A temp folder beside ``final``, renamed to it when the block ends without error (another process that
+    finished first wins the race harmlessly); removed otherwise."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}-"))
+    try:
+        yield tmp
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / SOURCE_FILE).exists():  # not a lost race: a real failure
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _convert_gguf(spec: ModelSpec, final: Path) -> None:
     """Dequantize the GGUF once into a safetensors HF folder, atomically (temp dir + rename)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = _gguf_source(spec)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}-"))
-    try:
+    with staged_folder(final) as tmp:
         tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
         model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
         if getattr(model, "hf_quantizer", None) is not None:
@@ -143,14 +160,6 @@ def _convert_gguf(spec: ModelSpec, final: Path) -> None:
         (tmp / SOURCE_FILE).write_text(
             json.dumps({"name": spec.name, "source": src.name, "sha256": file_sha256(src)}, indent=2)
         )
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / SOURCE_FILE).exists():  # not a lost race: a real failure
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def resolve_model(name_or_path: str | os.PathLike) -> Path:

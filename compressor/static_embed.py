@@ -21,8 +21,6 @@ import gzip
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -123,12 +121,10 @@ def derive_static(name: str, base: str, final: Path) -> None:
     from safetensors.torch import save_file
     from transformers import AutoModel, AutoTokenizer
 
-    from .models import SOURCE_FILE, model_fingerprint, resolve_model
+    from .models import SOURCE_FILE, model_fingerprint, resolve_model, staged_folder
 
     src = resolve_model(base)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}-"))
-    try:
+    with staged_folder(final) as tmp:
         tok = AutoTokenizer.from_pretrained(src)
         model = AutoModel.from_pretrained(src, dtype=torch.float32).eval()
         counts, counts_sha = _counts()
@@ -139,11 +135,3 @@ def derive_static(name: str, base: str, final: Path) -> None:
         (tmp / SOURCE_FILE).write_text(json.dumps(
             {"name": name, "source": f"static distillation of {base}", "base_sha256": base_sha,
              "counts_sha256": counts_sha, "recipe": RECIPE, "sha256": static_identity(base_sha)}, indent=2))
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / SOURCE_FILE).exists():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
