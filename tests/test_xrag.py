@@ -438,3 +438,32 @@ def test_contrastive_term_reads_the_next_records_rows(tiny_model_dir, tmp_path):
                accept=lambda text, r: True)
     for x in (json.loads(x) for x in (tmp_path / "c" / "train_log.jsonl").read_text().splitlines()):
         assert abs(x["logp_gap"]) < 1e-4 and abs(x["contrast"] - math.log(2)) < 1e-4
+
+
+def test_contrast_with_zeroed_rows_and_the_zeroed_control(tiny_model_dir, tmp_path):
+    """contrast_negatives="zeroed": the baseline is the target read with zeroed rows, so a batch of one record (no
+    other rows) still gets the term; "both" logs both gaps. Validation scores zeroed rows beside the other control."""
+    qa = [QARecord("What is the capital of France?", (PASSAGES[0],), "Paris", ("Paris",), (0,)),
+          QARecord("What produces ATP?", (PASSAGES[1], PASSAGES[2]), "the mitochondrion", ("mitochondrion",), (0,))]
+    cfg = XRAGConfig(decoder=str(tiny_model_dir), source="decoder", source_layer=2, source_dtype="float32", rows=2,
+                     bridge_width=16)
+    tc = XRAGTrainConfig(stage1_steps=0, stage2_steps=2, batch_size=1, checkpoint_every=1, precision="fp32",
+                         max_answer_tokens=4, stage2_targets="distill", contrast_weight=1.0,
+                         contrast_negatives="zeroed")
+    calls = []
+
+    def score(answer, r):
+        calls.append(answer)
+        return {"f1": float("Paris" in answer)}
+
+    train_xrag(TEXTS, qa, tmp_path / "a", cfg, tc, progress=False, log=lambda s: None, accept=lambda text, r: True,
+               val=qa[:1], score=score)
+    lines = [json.loads(x) for x in (tmp_path / "a" / "train_log.jsonl").read_text().splitlines()]
+    assert all(x["contrast"] > 0 and "logp_gap_zeroed" in x and "logp_gap" not in x for x in lines)
+    val = [json.loads(x) for x in (tmp_path / "a" / "val_log.jsonl").read_text().splitlines()]
+    assert [v["step"] for v in val] == [0, 1, 2] and all("zeroed_f1" in v and "other_f1" in v for v in val)
+    assert len(calls) == 3 + 3 + 1  # own and other rows at every checkpoint; zeroed rows once (frozen decoder)
+    tc2 = tc.model_copy(update={"batch_size": 2, "contrast_negatives": "both"})
+    train_xrag(TEXTS, qa, tmp_path / "b", cfg, tc2, progress=False, log=lambda s: None, accept=lambda text, r: True)
+    for x in (json.loads(x) for x in (tmp_path / "b" / "train_log.jsonl").read_text().splitlines()):
+        assert x["contrast"] > 0 and x["logp_gap"] != 0 and x["logp_gap_zeroed"] != 0

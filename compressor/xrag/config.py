@@ -74,6 +74,10 @@ class XRAGTrainConfig(StagedTrainConfig):
         "answer must be likelier (mean token log-probability) under its own rows than under the next record's rows "
         "in the batch; logistic loss on the difference times contrast_beta. 0: off (it doubles stage 2's forwards).")
     contrast_beta: float = Field(default=2.0, gt=0.0, le=100.0, description="Scale of the contrastive difference.")
+    contrast_negatives: Literal["other", "zeroed", "both"] = Field(
+        default="other", description="What the own rows are contrasted with: the next record's rows (other; "
+        "training can also win by making those rows harmful), zeroed rows (zeroed; a fixed baseline, only "
+        "information the own rows add counts), or both, the two terms averaged.")
     max_passage_tokens: int = Field(default=128, ge=4, le=4096,
                                     description="Stage 1 target: passage tokens regenerated (longer ones are cut).")
     # Measured here (2 shared cores with AMX, batch 4, CPU-seconds a step): stage 1 bf16 14.1 / fp32 11.0,

@@ -237,19 +237,32 @@ def train_xrag(
                                             log_target=True, reduction="batchmean") * T * T
         loss = nll + (train.kl_weight * kl if stage == 2 else 0.0)
         extra: dict[str, Any] = {}
-        if stage == 2 and train.contrast_weight > 0 and len(seqs) > 1:
-            # the same targets read with the next record's rows: the answer must be likelier under its own
-            other = [seqs[(n + 1) % len(seqs)].texts or seqs[n].texts for n in range(len(seqs))]
-            o_logits = _target_logits(model, seqs, lay.ph, rows_of(
-                [o[m % len(o)] for s, o in zip(seqs, other) for m in range(len(s.texts))]))
-            gap = _mean_logp(logits, labels, seqs) - _mean_logp(o_logits, labels, seqs)
-            contrast = torch.nn.functional.softplus(-train.contrast_beta * gap).mean()
-            loss = loss + train.contrast_weight * contrast
-            extra = {"contrast": round(contrast.item(), 5), "logp_gap": round(gap.mean().item(), 5)}
+        if stage == 2 and train.contrast_weight > 0:
+            own, terms = _mean_logp(logits, labels, seqs), {}
+            if train.contrast_negatives != "zeroed" and len(seqs) > 1:
+                # the same targets read with the next record's rows: the answer must be likelier under its own
+                other = [seqs[(n + 1) % len(seqs)].texts or seqs[n].texts for n in range(len(seqs))]
+                o_logits = _target_logits(model, seqs, lay.ph, rows_of(
+                    [o[m % len(o)] for s, o in zip(seqs, other) for m in range(len(s.texts))]))
+                terms["other"] = own - _mean_logp(o_logits, labels, seqs)
+            if train.contrast_negatives != "other":
+                # ... and likelier than with zeroed rows, a baseline training cannot move
+                zero = torch.zeros(sum(len(s.rows) for s in seqs), hidden)
+                with torch.no_grad():
+                    z_logits = _target_logits(model, seqs, lay.ph, zero)
+                terms["zeroed"] = own - _mean_logp(z_logits, labels, seqs)
+            if terms:
+                contrast = torch.stack([torch.nn.functional.softplus(-train.contrast_beta * gap).mean()
+                                        for gap in terms.values()]).mean()
+                loss = loss + train.contrast_weight * contrast
+                extra = {"contrast": round(contrast.item(), 5),
+                         **{("logp_gap" if key == "other" else f"logp_gap_{key}"): round(gap.mean().item(), 5)
+                            for key, gap in terms.items()}}
         return loss, {"nll": round(nll.item(), 5), "kl": round(kl.item(), 5), **extra,
                       "seq_len": max(len(s.ids) for s in seqs), "target_tokens": int(labels.numel())}
 
     val_log = work / "val_log.jsonl"
+    zeroed: dict[str, Any] = {}
 
     @torch.no_grad()
     def validate(step: int) -> None:
@@ -258,13 +271,18 @@ def train_xrag(
         bridge.eval()
         row = {"step": step, **score_soft_answers(model, lay.builder, val, lambda r: rows_of([p.text for p in r.passages])
                                                   .split(k), score, train.max_answer_tokens, "xrag")}
-        # The control beside it: each question read with the rows of the next one's passages. Answer format
+        # The controls beside it: each question read with the rows of the next one's passages. Answer format
         # is learnt by both; only the gap between the two is information carried by the rows.
         nxt = {id(r): val[(n + 1) % len(val)] for n, r in enumerate(val)}
         other = score_soft_answers(model, lay.builder, val, lambda r: rows_of(
             [nxt[id(r)].passages[j % len(nxt[id(r)].passages)].text for j in range(len(r.passages))]).split(k),
             score, train.max_answer_tokens, "xrag")
         row.update({f"other_{key}": v for key, v in other.items() if key != "n"})
+        # ... and with zeroed rows, the control no training term can make worse (the decoder is frozen: scored once)
+        if not zeroed:
+            zeroed.update(score_soft_answers(model, lay.builder, val, lambda r: [torch.zeros(k, hidden)] * len(r.passages),
+                                             score, train.max_answer_tokens, "xrag"))
+        row.update({f"zeroed_{key}": v for key, v in zeroed.items() if key != "n"})
         bridge.train()
         with open(val_log, "a") as f:
             f.write(json.dumps(row) + "\n")
