@@ -37,8 +37,8 @@ from compressor.models import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "hotpotqa_train" / "hotpotqa_train_a.jsonl"
-METHODS = ["none", "bm25", "minilm", "sentinel", "sentinel@cache", "sentinel_l4", "sentinel_l4@cache", "icae@cache",
-           "longllmlingua"]
+METHODS = ["none", "bm25", "minilm", "sentinel", "sentinel@cache", "sentinel_l1", "sentinel_l1@cache", "sentinel_l4",
+           "sentinel_l4@cache", "icae@cache", "longllmlingua"]
 
 
 def pct(xs: list[float], q: float) -> float:

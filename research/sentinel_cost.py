@@ -4,7 +4,7 @@ times ``none``), then sentinel compressing at ratio 5 with every sentence embedd
 with the index-time cache (filled before anything is timed). The benchmark's first ``n`` HotpotQA questions and
 NQ with 9 distractors: nothing here is tuned, only timed.
 
-    python research/sentinel_cost.py --n 50 --out runs/sentinel-cost.json
+    python research/sentinel_cost.py --n 50 --out runs/sentinel-cost.json [--methods sentinel sentinel_l1]
 """
 
 from __future__ import annotations
@@ -33,19 +33,24 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--datasets", nargs="+", default=["hotpotqa", "nq-d9"])
     ap.add_argument("--out", type=Path, default=Path("runs/sentinel-cost.json"))
+    ap.add_argument("--methods", nargs="+", default=["sentinel"],
+                    help="registered sentinel probes to time, each three ways (e.g. sentinel sentinel_l1)")
     args = ap.parse_args()
     backend = HFBackend.load("smollm2-135m-instruct")
     counter = TokenCounter.from_tokenizer(backend.tokenizer)
     builder = PromptBuilder(backend.tokenizer)
     cache = tempfile.mkdtemp(prefix="sentinel-cost-")
     none = get_compressor("none", counter=counter)
-    variants = {"sentinel": get_compressor("sentinel", counter=counter),
-                "sentinel, embed_share 0.5": get_compressor("sentinel", counter=counter, embed_share=0.5),
-                "sentinel@cache": get_compressor("sentinel", counter=counter, cache_dir=cache)}
+    variants = {}
+    for m in args.methods:
+        variants |= {m: get_compressor(m, counter=counter),
+                     f"{m}, embed_share 0.5": get_compressor(m, counter=counter, embed_share=0.5),
+                     f"{m}@cache": get_compressor(m, counter=counter, cache_dir=cache)}
     out = {}
     for label in args.datasets:
         exs = load_examples(parse_dataset_label(label, DATA), limit=args.n + 1).examples
-        variants["sentinel@cache"].index([p for ex in exs for p in ex.passages])
+        for m in args.methods:
+            variants[f"{m}@cache"].index([p for ex in exs for p in ex.passages])
         times: dict[str, list[float]] = {"prefill (none)": [], **{k: [] for k in variants}}
         for i, ex in enumerate(exs):
             full = none.compress(ex.question, ex.passages)

@@ -739,3 +739,19 @@ def test_train_sentinel_forced_depth_and_feature_cache(counter, tiny_model_dir, 
     assert two.reranker is not None and one.reranker is None and r1["rerank"]["kept"] is False
     again = SentinelCompressor.from_pretrained(two.save_pretrained(tmp_path / "two"), counter, proxy=str(tiny_model_dir))
     np.testing.assert_allclose(again.reranker.classifier.coef, two.reranker.classifier.coef, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name, layers", [("sentinel", 2), ("sentinel_l4", 4), ("sentinel_l1", 1)])
+def test_named_probes_ship_the_depth_their_name_says(name, layers):
+    """Each registered probe's shipped artifact reads the proxy depth its name promises, with the default's
+    selection settings (only the depth differs between them)."""
+    import json
+
+    from compressor.registry import get_spec
+
+    art = get_spec(name).artifact
+    cfg = json.loads((art / "compressor_config.json").read_text())
+    assert cfg["config"]["layers"] == cfg["features"]["layers"] == layers
+    shipped = json.loads((SHIPPED_ARTIFACT / "compressor_config.json").read_text())["config"]
+    for key in ("min_score", "complete_links", "query_positions", "dtype"):
+        assert cfg["config"][key] == shipped[key], key

@@ -26,12 +26,15 @@ from ..filters.base import Sentence, SentenceFilter
 from .config import DEFAULT_LAYOUT, FORMAT_VERSION, FeatureLayout, SentinelConfig
 from .rerank import RERANK_FEATURES, HopReranker, zscore
 
-__all__ = ["SentinelProbe", "SentinelCompressor", "SHIPPED_ARTIFACT", "DEEP_ARTIFACT"]
+__all__ = ["SentinelProbe", "SentinelCompressor", "SHIPPED_ARTIFACT", "DEEP_ARTIFACT", "SHALLOW_ARTIFACT"]
 
 # The default probe reads 2 proxy layers (since 2026-12-06: the same answers as 4 within noise on both decoders,
 # about a third less compression time); the 4-layer probe stays as ``sentinel_l4``.
 DEEP_ARTIFACT = Path(__file__).resolve().parents[1] / "artifacts" / "sentinel-smollm2-135m"
 SHIPPED_ARTIFACT = DEEP_ARTIFACT.with_name("sentinel-smollm2-135m-l2")
+# The 1-layer probe (``sentinel_l1``): the cheapest, where compression time matters most
+# (docs/experiments/sentinel.md#cost).
+SHALLOW_ARTIFACT = DEEP_ARTIFACT.with_name("sentinel-smollm2-135m-l1")
 _KEYS = {"scaler_mean", "scaler_scale", "coef", "intercept"}
 
 
