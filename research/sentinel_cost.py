@@ -36,6 +36,8 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=["sentinel"],
                     help="registered sentinel probes to time, each three ways (e.g. sentinel sentinel_l1)")
     args = ap.parse_args()
+    if bad := [m for m in args.methods if not m.startswith("sentinel")]:
+        ap.error(f"--methods {' '.join(bad)}: only sentinel probes are timed here (e.g. sentinel sentinel_l1)")
     backend = HFBackend.load("smollm2-135m-instruct")
     counter = TokenCounter.from_tokenizer(backend.tokenizer)
     builder = PromptBuilder(backend.tokenizer)

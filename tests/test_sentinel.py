@@ -743,15 +743,15 @@ def test_train_sentinel_forced_depth_and_feature_cache(counter, tiny_model_dir, 
 
 @pytest.mark.parametrize("name, layers", [("sentinel", 2), ("sentinel_l4", 4), ("sentinel_l1", 1)])
 def test_named_probes_ship_the_depth_their_name_says(name, layers):
-    """Each registered probe's shipped artifact reads the proxy depth its name promises, with the default's
-    selection settings (only the depth differs between them)."""
-    import json
-
+    """Each registered probe's shipped artifact reads the proxy depth its name promises. sentinel_l1 was trained
+    with the default's command but for the depth, so its settings are the default's; sentinel_l4 predates
+    back-references and the early stop (their defaults apply), so only the settings it stores are compared."""
     from compressor.registry import get_spec
 
-    art = get_spec(name).artifact
-    cfg = json.loads((art / "compressor_config.json").read_text())
-    assert cfg["config"]["layers"] == cfg["features"]["layers"] == layers
+    cfg = json.loads((get_spec(name).artifact / "compressor_config.json").read_text())["config"]
+    assert cfg["layers"] == layers
     shipped = json.loads((SHIPPED_ARTIFACT / "compressor_config.json").read_text())["config"]
+    if name == "sentinel_l1":
+        assert {k: v for k, v in cfg.items() if k != "layers"} == {k: v for k, v in shipped.items() if k != "layers"}
     for key in ("min_score", "complete_links", "query_positions", "dtype"):
-        assert cfg["config"][key] == shipped[key], key
+        assert cfg[key] == shipped[key], key

@@ -240,6 +240,13 @@ def test_training_checkpoints_and_resumes_exactly(tiny_model_dir, tmp_path, monk
     interrupted(monkeypatch, 3, lambda: _train(tiny_model_dir, tmp_path / "b"))  # stops in stage 1, after step 2
     with pytest.raises(ConfigError, match="differ from the checkpoint"):
         _train(tiny_model_dir, tmp_path / "b", resume=True, kl_weight=1.0)
+    # a checkpoint written before a setting existed resumes as if it held the setting's default, and only then
+    cfg_path = tmp_path / "b" / "checkpoint" / "compressor_config.json"
+    state = json.loads(cfg_path.read_text())
+    del state["identity"]["train"]["contrast_negatives"]
+    cfg_path.write_text(json.dumps(state))
+    with pytest.raises(ConfigError, match=r"\['train'\] differ"):
+        _train(tiny_model_dir, tmp_path / "b", resume=True, contrast_negatives="zeroed")
     resumed, _ = _train(tiny_model_dir, tmp_path / "b", resume=True)
     for k, v in full.bridge.tensors().items():
         assert torch.allclose(v, resumed.bridge.tensors()[k], atol=1e-6), k
@@ -428,11 +435,12 @@ def test_contrastive_term_reads_the_next_records_rows(tiny_model_dir, tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "a" / "train_log.jsonl").read_text().splitlines()]
     assert [x["stage"] for x in lines] == [2, 2]
     assert all(x["contrast"] > 0 and x["logp_gap"] != 0 for x in lines)  # the two records' rows differ
-    # one record in the batch: its "other" rows are its own, the gap is 0 and the term is not added
-    tc1 = tc.model_copy(update={"batch_size": 1})
-    train_xrag(TEXTS, qa[:1], tmp_path / "b", cfg, tc1, progress=False, log=lambda s: None,
-               accept=lambda text, r: True)
-    assert all("contrast" not in json.loads(x) for x in (tmp_path / "b" / "train_log.jsonl").read_text().splitlines())
+    # a batch of one has no other record's rows: refused up front, naming the fix
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="batch of 1 has none: set batch_size to 2"):
+        XRAGTrainConfig(**{**tc.model_dump(), "batch_size": 1})
+    XRAGTrainConfig(**{**tc.model_dump(), "batch_size": 1, "contrast_negatives": "zeroed"})  # needs no other rows
     # two copies of one record: the next record's rows are the same rows, the gap 0, the term softplus(0) = log 2
     train_xrag(TEXTS, [qa[0], qa[0]], tmp_path / "c", cfg, tc, progress=False, log=lambda s: None,
                accept=lambda text, r: True)
@@ -459,11 +467,18 @@ def test_contrast_with_zeroed_rows_and_the_zeroed_control(tiny_model_dir, tmp_pa
     train_xrag(TEXTS, qa, tmp_path / "a", cfg, tc, progress=False, log=lambda s: None, accept=lambda text, r: True,
                val=qa[:1], score=score)
     lines = [json.loads(x) for x in (tmp_path / "a" / "train_log.jsonl").read_text().splitlines()]
-    assert all(x["contrast"] > 0 and "logp_gap_zeroed" in x and "logp_gap" not in x for x in lines)
+    for x in lines:  # one term, on the gap to zeroed rows (not 0: the bridge's rows are not zero)
+        assert "logp_gap" not in x and abs(x["logp_gap_zeroed"]) > 1e-6
+        assert abs(x["contrast"] - math.log1p(math.exp(-2.0 * x["logp_gap_zeroed"]))) < 1e-4
     val = [json.loads(x) for x in (tmp_path / "a" / "val_log.jsonl").read_text().splitlines()]
     assert [v["step"] for v in val] == [0, 1, 2] and all("zeroed_f1" in v and "other_f1" in v for v in val)
     assert len(calls) == 3 + 3 + 1  # own and other rows at every checkpoint; zeroed rows once (frozen decoder)
+    # both, on two copies of one record: the other rows are the same rows (gap 0, term log 2), so the logged term
+    # is the mean of log 2 and the zeroed term
     tc2 = tc.model_copy(update={"batch_size": 2, "contrast_negatives": "both"})
-    train_xrag(TEXTS, qa, tmp_path / "b", cfg, tc2, progress=False, log=lambda s: None, accept=lambda text, r: True)
+    train_xrag(TEXTS, [qa[0], qa[0]], tmp_path / "b", cfg, tc2, progress=False, log=lambda s: None,
+               accept=lambda text, r: True)
     for x in (json.loads(x) for x in (tmp_path / "b" / "train_log.jsonl").read_text().splitlines()):
-        assert x["contrast"] > 0 and x["logp_gap"] != 0 and x["logp_gap_zeroed"] != 0
+        assert abs(x["logp_gap"]) < 1e-4 and abs(x["logp_gap_zeroed"]) > 1e-6
+        want = (math.log(2) + math.log1p(math.exp(-2.0 * x["logp_gap_zeroed"]))) / 2
+        assert abs(x["contrast"] - want) < 1e-4

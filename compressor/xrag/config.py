@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..train_config import StagedTrainConfig
 
@@ -71,8 +71,8 @@ class XRAGTrainConfig(StagedTrainConfig):
     distill_top_k: int = Field(default=32, ge=1, le=1024, description="distill: teacher tokens kept per position.")
     contrast_weight: float = Field(
         default=0.0, ge=0.0, le=100.0, description="Stage 2: weight of a contrastive term: each record's target "
-        "answer must be likelier (mean token log-probability) under its own rows than under the next record's rows "
-        "in the batch; logistic loss on the difference times contrast_beta. 0: off (it doubles stage 2's forwards).")
+        "answer must be likelier (mean token log-probability) under its own rows than under contrast_negatives' "
+        "rows; logistic loss on the difference times contrast_beta. 0: off (each negative adds a forward pass).")
     contrast_beta: float = Field(default=2.0, gt=0.0, le=100.0, description="Scale of the contrastive difference.")
     contrast_negatives: Literal["other", "zeroed", "both"] = Field(
         default="other", description="What the own rows are contrasted with: the next record's rows (other; "
@@ -85,3 +85,11 @@ class XRAGTrainConfig(StagedTrainConfig):
     precision: Literal["bf16", "fp32"] = Field(
         default="bf16", description="Decoder weights in bf16 (as at inference; bridge and losses stay fp32) or fp32.")
     seed: int = Field(default=0, description="Seed of data order, instruction choice and bridge init.")
+
+    @model_validator(mode="after")
+    def _check_contrast(self) -> XRAGTrainConfig:
+        if self.contrast_weight > 0 and self.contrast_negatives != "zeroed" and self.batch_size < 2:
+            raise ValueError(f"contrast_negatives={self.contrast_negatives!r} reads the next record's rows in the "
+                             "batch, and a batch of 1 has none: set batch_size to 2 or more, or contrast_negatives "
+                             "to 'zeroed'")
+        return self

@@ -159,8 +159,10 @@ def train_xrag(
 ) -> tuple[XRAGCompressor, dict[str, Any]]:
     """Train (or resume) a bridge; return the compressor and a report. ``texts``: stage-1 passages;
     ``qa``: stage-2 records. ``work_dir`` keeps the bridge inputs of the training passages, ``checkpoint/``,
-    ``train_log.jsonl`` (one line a step: stage, loss, nll, kl, lr, seconds) and, with ``val`` and ``score``,
-    ``val_log.jsonl`` (greedy answers of the validation records scored at every checkpoint: the learning curve).
+    ``train_log.jsonl`` (one line a step: stage, loss, nll, kl, lr, seconds; with the contrastive term also
+    ``contrast`` and the gaps ``logp_gap`` / ``logp_gap_zeroed``) and, with ``val`` and ``score``, ``val_log.jsonl``
+    (greedy answers of the validation records scored at every checkpoint: the learning curve, beside the controls
+    ``other_*``, each record read with the next one's rows, and ``zeroed_*``, zeroed rows).
     With ``stage2_targets="distill"``, ``accept(answer, record)`` says whether a teacher answer may be a target
     and the targets are cached under ``teacher_cache`` (default ``work_dir/teacher``)."""
     from ..distill import distill_loss, score_soft_answers, teacher_targets
