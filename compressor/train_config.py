@@ -33,3 +33,9 @@ class StagedTrainConfig(BaseModel):
     def resume_key(self) -> dict:
         """Fields that must match for ``--resume`` to continue the same run (the schedule depends on them)."""
         return self.model_dump(exclude={"checkpoint_every", "max_hours", "device"})
+
+    def saved_key(self, saved: dict) -> dict:
+        """A checkpoint's ``resume_key``, completed with the defaults of settings added after it was written
+        (that run trained with them), so that adding a setting does not strand older runs."""
+        fields = type(self).model_fields
+        return {**{k: fields[k].default for k in self.resume_key() if k in fields}, **saved}

@@ -255,11 +255,8 @@ class StagedRun:
         if self.resume and (self.ckpt / "compressor_config.json").exists():
             self._state, self._t = read_artifact(self.ckpt, self.kind, 1)
             saved = dict(self._state.get("identity", {}))
-            if isinstance(saved.get("train"), dict) and isinstance(self.identity.get("train"), dict):
-                # a setting added after the checkpoint was written: that run trained with its default
-                fields = getattr(type(self.train), "model_fields", {})
-                saved["train"] = {**{k: fields[k].default for k in self.identity["train"] if k in fields},
-                                  **saved["train"]}
+            if isinstance(saved.get("train"), dict):
+                saved["train"] = self.train.saved_key(saved["train"])
             diff = sorted(k for k in self.identity if saved.get(k) != self.identity[k])
             if diff:
                 raise ConfigError(f"cannot resume {self.ckpt}: {diff} differ from the checkpoint; use the same "

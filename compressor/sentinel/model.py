@@ -107,13 +107,14 @@ class SentinelCompressor(SentenceFilter):
         :meth:`_screened`); then the probe and the second stage per question."""
         todo = [k for k, (_, _, sents) in enumerate(items) if sents]
         reqs = [(items[k][0], items[k][1], _spans_by_passage(items[k][1], items[k][2])) for k in todo]
+        queries = [q for q, _, _ in reqs]
         docs = [self.attention.embed_docs(p, sp)[0] for _, p, sp in reqs] if reqs and self._screening() else None
-        screen = self._screen_cos([q for q, _, _ in reqs], docs) if docs is not None else None
+        screen = self._screen_cos(queries, docs) if docs is not None else None
         feats = self.attention.features_batch(reqs, layers=self.config.layers, layout=self.layout,
                                               cos=screen) if reqs else []
         xs = [f.x.astype(np.float64) for f in feats]
         if screen is not None:
-            xs = self._screened([q for q, _, _ in reqs], docs, xs, screen)
+            xs = self._screened(queries, docs, xs, screen)
         out = [np.zeros(0) for _ in items]
         for k, x in zip(todo, xs, strict=True):
             query, passages, sentences = items[k]

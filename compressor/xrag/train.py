@@ -241,7 +241,7 @@ def train_xrag(
         extra: dict[str, Any] = {}
         if stage == 2 and train.contrast_weight > 0:
             own, terms = _mean_logp(logits, labels, seqs), {}
-            if train.contrast_negatives != "zeroed" and len(seqs) > 1:
+            if train.contrast_negatives != "zeroed":  # batch_size >= 2 (the config checks it)
                 # the same targets read with the next record's rows: the answer must be likelier under its own
                 other = [seqs[(n + 1) % len(seqs)].texts or seqs[n].texts for n in range(len(seqs))]
                 o_logits = _target_logits(model, seqs, lay.ph, rows_of(
