@@ -27,8 +27,9 @@ class SoftData(BaseModel):
                                 "SQuAD with 0..K distractors, HotpotQA with its 10 paragraphs, order shuffled, gold "
                                 "passages marked for the distillation teacher (adapters.training_data.distill_records).")
     n_hotpot: int | None = Field(default=200, ge=0, description="multi_passage: HotpotQA training questions at most.")
-    n_val: int = Field(default=50, ge=0, le=100, description="multi_passage: NQ validation questions (held out, not "
-                       "the benchmark's) answered at every checkpoint: the learning curve in val_log.jsonl.")
+    n_val: int = Field(default=50, ge=0, le=400, description="NQ validation questions (held out, not the "
+                       "benchmark's) answered at every checkpoint: the learning curve in val_log.jsonl; past 100 the "
+                       "last NQ training questions are kept back for it (adapters.training_data.val_tail).")
     teacher_cache: Path | None = Field(default=None, description="Where distillation targets are cached (default: "
                                        "<work dir>/teacher); reused by any run on the same base model and prompts.")
     n_stage1: int | None = Field(default=None, ge=0, description="Use at most this many stage-1 passages.")
@@ -57,15 +58,16 @@ def train_soft(family: str, config: Any, train: Any, data: SoftData, out: str | 
         "accept": lambda text, r: accuracy(text, r.answers or (r.answer,)) > 0, "teacher_cache": data.teacher_cache,
         "score": lambda text, r: {"accuracy": accuracy(text, r.answers), "f1": f1_score(text, r.answers)}}
     out = Path(out)
+    n_val = data.n_val if data.multi_passage or family == "xrag" else 0
     texts, qa, provenance = xrag_records(data.data, data.n_stage1, data.n_nq, data.n_squad,
-                                         0 if data.multi_passage else data.distractors, seed=train.seed)
+                                         0 if data.multi_passage else data.distractors, seed=train.seed, n_val=n_val)
     if data.multi_passage:
         qa, multi = distill_records(data.data, data.distractors or 9, data.n_nq, data.n_squad, data.n_hotpot,
-                                    seed=train.seed)
+                                    seed=train.seed, n_val=n_val)
         provenance = {**provenance, **multi}
-    if data.n_val and (data.multi_passage or family == "xrag"):
+    if n_val:
         extra["val"], provenance["validation"] = distill_val_records(
-            data.data, data.n_val, distractors=(data.distractors or 9) if data.multi_passage else data.distractors,
+            data.data, n_val, distractors=(data.distractors or 9) if data.multi_passage else data.distractors,
             seed=train.seed)
     work = Path(work_dir) if work_dir else Path("runs") / f"{family}-train" / out.name
     comp, report = trainer(texts, qa, work, config, train, resume=resume, **extra)
@@ -97,7 +99,7 @@ def train_text_lora_artifact(cfg: TextLoRA, train: Any, data: SoftData, out: str
     from .training_data import distill_records
 
     qa, provenance = distill_records(data.data, data.distractors or 9, data.n_nq, data.n_squad, data.n_hotpot,
-                                     seed=train.seed)
+                                     seed=train.seed, n_val=data.n_val)  # the soft run's training records
     work = Path(work_dir) if work_dir else Path("runs") / "text-lora-train" / Path(out).name
     tensors, report = train_text_lora(qa, work, cfg.base, train, r=cfg.decoder_lora_r, targets=cfg.lora_targets,
                                       resume=resume, teacher_cache=data.teacher_cache,

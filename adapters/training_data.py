@@ -27,6 +27,7 @@ from .datasets import QAExample, add_distractors, answer_sentence_evidence, corp
 __all__ = ["EVAL_HOLDOUT", "distill_records", "distill_val_records", "sentinel_examples", "sentinel_records", "xrag_records"]
 
 EVAL_HOLDOUT = {"hotpotqa_a": 100, "nq": 400, "squad": 300}
+_VAL_FROM = 300  # NQ questions 300..399: the soft families' validation questions (benchmarks read 0..299 at most)
 
 
 def sentinel_examples(data_dir: str | Path, n_hotpot: int = 200, n_nq: int = 150, n_squad: int = 150,
@@ -67,32 +68,46 @@ def sentinel_records(data_dir: str | Path, n_hotpot: int = 200, n_nq: int = 150,
     return [(src, e.question, e.passages) for src, e in pairs], data
 
 
-def _qa_sources(data_dir: str | Path) -> tuple[list[QAExample], list[QAExample], list[QAExample], list[QAExample],
-                                                set[str]]:
+def val_tail(n_val: int) -> int:
+    """How many NQ training questions (the last ones) ``n_val`` validation questions take beyond questions
+    300..399 of the evaluation hold-out: the soft families then train without them."""
+    return max(0, n_val - (EVAL_HOLDOUT["nq"] - _VAL_FROM))
+
+
+def _qa_sources(data_dir: str | Path, n_val: int = 0) -> tuple[list[QAExample], list[QAExample], list[QAExample],
+                                                               list[QAExample], set[str]]:
     """NQ (even lines), answerable SQuAD, HotpotQA train_a and train_b, and the texts of every held-out
-    question's passages (never trained on)."""
+    question's passages (never trained on); NQ without the questions ``n_val`` validation records take from its
+    end (:func:`val_tail`)."""
     d = Path(data_dir)
     nq_all = load_dataset("nq", d / "nq_open" / "nq-open-oracle-even.jsonl.gz")
+    tail = val_tail(n_val)
+    if tail:
+        nq_all, kept_back = nq_all[:-tail], nq_all[-tail:]
+    else:
+        kept_back = []
     sq_all = load_dataset("squad", d / "squad_v2_dev_subset" / "squad_v2_dev_first5articles.json")
     ha_all = load_dataset("hotpotqa", d / "hotpotqa_train" / "hotpotqa_train_a.jsonl")
     hb = load_dataset("hotpotqa", d / "hotpotqa_train" / "hotpotqa_train_b.json")
     held_out = {p.text for e in nq_all[: EVAL_HOLDOUT["nq"]] + sq_all[: EVAL_HOLDOUT["squad"]]
-                + ha_all[: EVAL_HOLDOUT["hotpotqa_a"]] for p in e.passages}
+                + ha_all[: EVAL_HOLDOUT["hotpotqa_a"]] + kept_back for p in e.passages}
     return nq_all, sq_all, ha_all, hb, held_out
 
 
 def distill_records(data_dir: str | Path, max_distractors: int = 9, n_nq: int | None = None,
-                    n_squad: int | None = None, n_hotpot: int | None = 200, seed: int = 0) -> tuple[list[Any], dict]:
+                    n_squad: int | None = None, n_hotpot: int | None = 200, seed: int = 0,
+                    n_val: int = 0) -> tuple[list[Any], dict]:
     """Multi-passage ``QARecord`` s shaped like the benchmark's contexts, for distillation, and their provenance.
 
     NQ questions 400+ (gold passage, first answer) and answerable SQuAD questions 300+ (paragraph, shortest
     answer) each get k BM25 distractors, k drawn uniformly from 0..``max_distractors`` per question, from the
     passages of training questions only; HotpotQA training questions (train_b, then train_a[100:]) keep their
     ten paragraphs. Passage order is shuffled (seeded); ``evidence`` marks the gold passage(s), which are all
-    the distillation teacher reads. A question whose gold passage belongs to a held-out question is left out."""
+    the distillation teacher reads. A question whose gold passage belongs to a held-out question is left out;
+    so are the NQ questions ``n_val`` validation records take (:func:`val_tail`)."""
     from compressor.training import QARecord
 
-    nq_all, sq_all, ha_all, hb, held_out = _qa_sources(data_dir)
+    nq_all, sq_all, ha_all, hb, held_out = _qa_sources(data_dir, n_val)
     rng = random.Random(f"{seed}-distill")
 
     def pool(examples: list[QAExample], want: int | None) -> list[QAExample]:
@@ -139,27 +154,32 @@ def distill_records(data_dir: str | Path, max_distractors: int = 9, n_nq: int | 
 
 def distill_val_records(data_dir: str | Path, n: int = 50, distractors: int = 9, seed: int = 0) -> tuple[list[Any], str]:
     """Validation records for the soft families' learning curve: NQ questions 300..300+n (held out from
-    training, not among the benchmark's first 100) with ``distractors`` BM25 passages from the held-out
-    questions 100..399's passages, order shuffled. Never trained on; the benchmark's questions never used."""
+    training, not among the benchmark's first 100; the benchmark at --limit 300 reads 0..299) and, past 100, the
+    last n - 100 NQ questions, which training then leaves out (:func:`val_tail`), with ``distractors`` BM25
+    passages from the held-out questions 100..399's passages, order shuffled. Never trained on; the benchmark's
+    questions never used."""
     from compressor.training import QARecord
 
     nq_all = load_dataset("nq", Path(data_dir) / "nq_open" / "nq-open-oracle-even.jsonl.gz")
-    lo, hi = 300, min(300 + n, EVAL_HOLDOUT["nq"])
+    lo, hi = _VAL_FROM, min(_VAL_FROM + n, EVAL_HOLDOUT["nq"])
+    tail = val_tail(n)
     pool = nq_all[100: EVAL_HOLDOUT["nq"]]
     rng = random.Random(f"{seed}-val")
     out = []
-    for e in add_distractors([e for e in nq_all[lo:hi] if e.answers], corpus_of(pool), distractors, seed):
+    chosen = nq_all[lo:hi] + (nq_all[-tail:] if tail else [])
+    for e in add_distractors([e for e in chosen if e.answers], corpus_of(pool), distractors, seed):
         ps = list(e.passages)
         rng.shuffle(ps)
         out.append(QARecord(e.question, tuple(Passage(text=p.text, title=p.title) for p in ps), e.answers[0],
                             tuple(e.answers), tuple(i for i, p in enumerate(ps) if p.evidence)))
-    return out, (f"NQ nq-open-oracle-even[{lo}:{hi}] + {distractors} BM25 distractors from questions [100:400]'s "
+    where = f"[{lo}:{hi}]" + (f" and [{len(nq_all) - tail}:{len(nq_all)}]" if tail else "")
+    return out, (f"NQ nq-open-oracle-even{where} + {distractors} BM25 distractors from questions [100:400]'s "
                  "passages (held out from training, not benchmark questions)")
 
 
 def xrag_records(data_dir: str | Path, n_stage1: int | None = None, n_nq: int | None = None,
                  n_squad: int | None = None, distractors: int = 0, min_words: int = 20,
-                 seed: int = 0) -> tuple[list[str], list[Any], dict]:
+                 seed: int = 0, n_val: int = 0) -> tuple[list[str], list[Any], dict]:
     """Plain records for ``train_xrag``: (stage-1 passage texts, stage-2 ``QARecord`` s, data description).
 
     Stage 1: abstracts (paragraphs of at least ``min_words`` words), NQ gold passages of questions 400+,
@@ -167,10 +187,11 @@ def xrag_records(data_dir: str | Path, n_stage1: int | None = None, n_nq: int | 
     in that order (cut to ``n_stage1``). Stage 2: NQ questions 400+ with their gold passage and first answer,
     then answerable SQuAD questions 300+ with their paragraph and shortest answer. ``distractors`` K > 0 adds K
     BM25 passages (from training questions' passages only) around each NQ gold passage: K + 1 rows, as top-K
-    retrieval gives at eval time."""
+    retrieval gives at eval time. The NQ questions ``n_val`` validation records take are left out
+    (:func:`val_tail`)."""
     from compressor.xrag.train import QARecord
 
-    nq_all, sq_all, ha_all, hb, held_out = _qa_sources(data_dir)
+    nq_all, sq_all, ha_all, hb, held_out = _qa_sources(data_dir, n_val)
     d = Path(data_dir)
     nq, sq = nq_all[EVAL_HOLDOUT["nq"]:], sq_all[EVAL_HOLDOUT["squad"]:]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import HOTPOT, NQ, SQUAD
+from conftest import DATA, HOTPOT, NQ, SQUAD
 
 from adapters.datasets import add_distractors, corpus_of, load_dataset
 from adapters.metrics import accuracy, evidence_recall, exact_match, f1_score, normalize_answer
@@ -163,3 +163,19 @@ def test_cli_eval_reads_integer_ids_and_refuses_a_bad_record_in_one_line(tmp_pat
     assert err == f"ragpress: error: {f}: record 1: field 'context': Input should be a valid list; " \
                   "a HotpotQA record has _id, question, answer, supporting_facts [[title, i]] and context " \
                   "[[title, [sentences]]]\n"
+
+
+def test_validation_past_100_questions_is_kept_back_from_training():
+    """n_val > 100: the soft families' validation takes NQ 300..399 and then the last NQ training questions,
+    which the training records then leave out; up to 100 the training records do not change."""
+    from adapters.training_data import distill_val_records, val_tail, xrag_records
+
+    assert val_tail(50) == val_tail(100) == 0 and val_tail(130) == 30
+    val, where = distill_val_records(DATA, 130, distractors=0)
+    assert "[300:400] and [" in where and len(val) > 100
+    _, base, _ = xrag_records(DATA, n_stage1=0)
+    assert [r.question for r in xrag_records(DATA, n_stage1=0, n_val=100)[1]] == [r.question for r in base]
+    texts, qa, _ = xrag_records(DATA, n_stage1=None, n_val=130)
+    kept_back = {r.question for r in val[-25:]}
+    assert len(kept_back & {r.question for r in base}) >= 20 and not kept_back & {r.question for r in qa}
+    assert not {p.text for r in val for p in r.passages} & set(texts)  # nor read in paraphrase pretraining

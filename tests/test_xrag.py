@@ -482,3 +482,57 @@ def test_contrast_with_zeroed_rows_and_the_zeroed_control(tiny_model_dir, tmp_pa
         assert abs(x["logp_gap"]) < 1e-4 and abs(x["logp_gap_zeroed"]) > 1e-6
         want = (math.log(2) + math.log1p(math.exp(-2.0 * x["logp_gap_zeroed"]))) / 2
         assert abs(x["contrast"] - want) < 1e-4
+
+
+def test_decoder_lora_trains_with_the_bridge_resumes_and_travels_in_the_artifact(counter, tiny_model_dir, tmp_path,
+                                                                                  monkeypatch):
+    """decoder_lora_r > 0: a decoder LoRA trains with the bridge (its B matrices leave zero), the teacher stays the
+    frozen decoder (the targets cached by a run without the adapter are reused as they are), the zeroed control is
+    scored at every checkpoint (the adapter reads zeroed rows too), resume restores both, and the artifact carries
+    the adapter that backends apply; the rank is fixed by the artifact and a damaged one is refused."""
+    from compressor.artifacts import read_artifact, write_artifact
+
+    qa = [QARecord("What is the capital of France?", (PASSAGES[0],), "Paris", ("Paris",), (0,)),
+          QARecord("What produces ATP?", (PASSAGES[1], PASSAGES[2]), "the mitochondrion", ("mitochondrion",), (0,))]
+    calls = []
+
+    def score(answer, r):
+        calls.append(answer)
+        return {"f1": float("Paris" in answer)}
+
+    def run(work, r=2, resume=False, val=()):
+        cfg = XRAGConfig(decoder=str(tiny_model_dir), source="decoder", source_layer=2, source_dtype="float32",
+                         rows=2, bridge_width=16, decoder_lora_r=r)
+        tc = XRAGTrainConfig(stage1_steps=0, stage2_steps=3, batch_size=2, checkpoint_every=1, precision="fp32",
+                             max_answer_tokens=4, stage2_targets="distill", stage2_lr=1e-2,
+                             contrast_weight=1.0, contrast_negatives="zeroed")
+        return train_xrag(TEXTS, qa, work, cfg, tc, resume=resume, progress=False, log=lambda s: None,
+                          accept=lambda text, r: True, teacher_cache=tmp_path / "teacher", val=val, score=score)
+
+    frozen, _ = run(tmp_path / "f", r=0)
+    assert frozen.decoder_adapter() is None and frozen.adapter is None
+    full, report = run(tmp_path / "a", val=qa[:1])
+    assert report["distill_targets"]["cached"] == len(qa)  # the frozen run's teacher targets, reused
+    assert len(calls) == 3 * 4  # own, other and zeroed rows at each of the 4 checkpoints (0..3)
+    ad = full.decoder_adapter()
+    assert ad is not None and ad.lora["r"] == 2 and ad.name.startswith("xrag-")
+    assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in ad.tensors.items())
+    interrupted(monkeypatch, 2, lambda: run(tmp_path / "b"))
+    resumed, _ = run(tmp_path / "b", resume=True)
+    for k, v in full.bridge.tensors().items():
+        assert torch.allclose(v, resumed.bridge.tensors()[k], atol=1e-6), k
+    for k, v in ad.tensors.items():
+        assert torch.allclose(v, resumed.adapter[k], atol=1e-6), k
+
+    full.save_pretrained(tmp_path / "art", trained=True)
+    back = XRAGCompressor.from_pretrained(tmp_path / "art", counter, decoder=str(tiny_model_dir))
+    assert back.config.decoder_lora_r == 2 and back._source is None
+    for k, v in ad.tensors.items():
+        assert torch.equal(v, back.decoder_adapter().tensors[k]), k
+    assert "Decoder LoRA: r=2" in (tmp_path / "art" / "README.md").read_text()
+    with pytest.raises(ConfigError, match="decoder_lora_r is fixed by the trained bridge"):
+        XRAGCompressor.from_pretrained(tmp_path / "art", counter, decoder=str(tiny_model_dir), decoder_lora_r=4)
+    cfg, t = read_artifact(tmp_path / "art", "xrag", 2)
+    write_artifact(tmp_path / "damaged", cfg, {k: v for k, v in t.items() if not k.startswith("decoder_lora.")}, "damaged")
+    with pytest.raises(ArtifactError, match="decoder_lora_r=2 but 0 decoder adapter tensors"):
+        XRAGCompressor.from_pretrained(tmp_path / "damaged", counter, decoder=str(tiny_model_dir))

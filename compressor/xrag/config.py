@@ -22,7 +22,8 @@ class XRAGConfig(BaseModel):
 
     The bridge is ``Linear(embedder_dim, bridge_width) -> GELU -> Linear(bridge_width, decoder_hidden)``
     (xRAG's ``mlp2x_gelu`` projector); the two outer sizes come from the models and are recorded in the
-    artifact, ``bridge_width`` is the only free choice."""
+    artifact, ``bridge_width`` is the only free choice. With ``decoder_lora_r`` > 0 the artifact also carries a
+    decoder LoRA trained with the bridge; the base weights stay frozen and are checked by hash."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -38,6 +39,11 @@ class XRAGConfig(BaseModel):
                                                          "dtype the decoder reads the passage in (as trained).")
     rows: int = Field(default=1, ge=1, le=64, description="Soft rows per passage (1: xRAG proper).")
     bridge_width: int = Field(default=1536, ge=8, le=16384, description="Hidden width of the two-layer bridge.")
+    decoder_lora_r: int = Field(default=0, ge=0, le=1024, description="Rank of a decoder LoRA trained together "
+                                "with the bridge (PISCO / COCOM: the decoder learns to read the rows; alpha 2r). "
+                                "0: the decoder stays frozen. Every backend that reads the rows applies it.")
+    decoder_lora_targets: str = Field(default="all-linear", description="decoder_lora_r > 0: peft target_modules, "
+                                      "'all-linear' or a comma list of module names.")
     embed_batch_size: int = Field(default=64, ge=1, le=4096, description="Passages embedded per batch on a miss.")
     cache_dir: str | None = Field(default=None, description="Where each passage's rows are kept (index time, "
                                   "`ragpress index --method xrag`): a folder or an fsspec URL; None keeps none.")
@@ -50,7 +56,8 @@ class XRAGConfig(BaseModel):
 
 
 class XRAGTrainConfig(StagedTrainConfig):
-    """Two-stage training of the bridge only (decoder and embedder frozen), after Cheng et al. 2024.
+    """Two-stage training of the bridge (and of the decoder LoRA, when ``XRAGConfig.decoder_lora_r`` > 0; the base
+    weights and the embedder stay frozen), after Cheng et al. 2024.
 
     Stage 1 (paraphrase pretraining): from the one row the decoder regenerates the passage, NLL.
     Stage 2 (context-aware tuning): question + row -> answer, NLL + ``kl_weight`` x KL to the same decoder

@@ -32,14 +32,16 @@ import torch
 
 from .._version import __version__
 from ..artifacts import read_artifact, resolve_base_model, write_artifact
-from ..base import Budget, CompressedPassage, Compressor, Kept, Passage, TokenCounter
+from ..base import Budget, CompressedPassage, Compressor, DecoderAdapter, Kept, Passage, TokenCounter
 from ..cache import TensorCache
 from ..errors import ArtifactError, ConfigError, InputError
 from ..retrieval import DocumentIndex
 from .config import FORMAT_VERSION, SHIPPED_ARTIFACT, XRAGConfig
 from .projector import BRIDGE_KEYS, INPUT_KEYS, Bridge
 
-__all__ = ["XRAGCompressor", "SHIPPED_ARTIFACT", "load_xrag"]
+__all__ = ["XRAGCompressor", "SHIPPED_ARTIFACT", "load_xrag", "DECODER_LORA"]
+
+DECODER_LORA = "decoder_lora."  # artifact tensor prefix of the decoder adapter (decoder_lora_r > 0), peft keys after it
 
 
 class XRAGCompressor(Compressor):
@@ -55,9 +57,13 @@ class XRAGCompressor(Compressor):
 
     def __init__(self, counter: TokenCounter, config: XRAGConfig, bridge: Bridge, embedder: Any = None,
                  index: DocumentIndex | None = None, manifest: dict[str, Any] | None = None,
-                 source: Any = None) -> None:
+                 source: Any = None, adapter: dict[str, torch.Tensor] | None = None) -> None:
         super().__init__(counter)
         self.config, self.bridge, self.manifest = config, bridge.eval(), manifest or {}
+        if bool(config.decoder_lora_r) != bool(adapter):
+            raise ConfigError(f"decoder_lora_r={config.decoder_lora_r} needs a decoder adapter's tensors exactly when "
+                              "it is above 0")
+        self.adapter = adapter
         if config.rows % bridge.per_input or (config.source == "decoder" and bridge.per_input != 1):
             raise ConfigError(f"rows={config.rows} does not fit this bridge ({bridge.per_input} rows per input vector, "
                               f"source {config.source})")
@@ -108,6 +114,16 @@ class XRAGCompressor(Compressor):
 
     def caches(self) -> list[Any]:
         return [self.cache] if self.cache is not None else []
+
+    def decoder_adapter(self) -> DecoderAdapter | None:
+        """The decoder LoRA trained with the bridge (``decoder_lora_r`` > 0), or None: the frozen decoder reads
+        the rows."""
+        if self.adapter is None:
+            return None
+        from ..decoder_lora import lora_kwargs
+
+        return DecoderAdapter(name=f"xrag-{self._cache_id()[:12]}", tensors=self.adapter,
+                              lora=lora_kwargs(self.config.decoder_lora_r, self.config.decoder_lora_targets))
 
     def attach_index(self, index: DocumentIndex) -> None:
         """Read passage vectors from ``index``; it must come from the bridge's embedder."""
@@ -239,6 +255,7 @@ class XRAGCompressor(Compressor):
             cfg["embedder"] = {"id": model_id(self.config.embedder), "sha256": model_fingerprint(self.config.embedder),
                                "dim": self.bridge.in_dim}
         tensors = {k: v.numpy() for k, v in self.bridge.tensors().items()}
+        tensors.update({DECODER_LORA + k: v.numpy() for k, v in (self.adapter or {}).items()})
         self.manifest = cfg
         return write_artifact(directory, cfg, tensors, card or _card(cfg))
 
@@ -249,8 +266,12 @@ class XRAGCompressor(Compressor):
         """Load a bridge. ``decoder``/``embedder`` default to the named models it was trained with; models
         with other weights (by sha256) are refused. An untrained control needs ``allow_untrained=True``."""
         cfg, t = read_artifact(directory, "xrag", FORMAT_VERSION)
+        adapter = {k[len(DECODER_LORA):]: torch.from_numpy(t.pop(k).copy()) for k in list(t) if k.startswith(DECODER_LORA)}
         if not BRIDGE_KEYS <= t.keys() or not t.keys() <= BRIDGE_KEYS | INPUT_KEYS:
             raise ArtifactError(f"artifact {directory}: tensors {sorted(t)}, expected {sorted(BRIDGE_KEYS | INPUT_KEYS)}")
+        if bool(adapter) != bool(cfg["config"].get("decoder_lora_r", 0)):
+            raise ArtifactError(f"artifact {directory}: decoder_lora_r={cfg['config'].get('decoder_lora_r', 0)} but "
+                                f"{len(adapter)} decoder adapter tensors; the artifact is damaged, train it again")
         if not cfg.get("trained") and not allow_untrained:
             raise ArtifactError(f"artifact {directory} holds an untrained bridge (a control, \"trained\": false); "
                                 "load it explicitly (`--artifact PATH`, allow_untrained=True) or train one")
@@ -261,7 +282,8 @@ class XRAGCompressor(Compressor):
         if tuple(t["fc1.weight"].shape) != (b["width"], b["in_dim"]) or \
                 tuple(t["fc2.weight"].shape) != (b["out_dim"] * per, b["width"]):
             raise ArtifactError(f"artifact {directory}: bridge tensors do not match the recorded sizes {b}")
-        fixed = {k: cfg["config"][k] for k in ("source", "source_layer", "source_dtype", "rows") if k in cfg["config"]}
+        fixed = {k: cfg["config"][k] for k in ("source", "source_layer", "source_dtype", "rows", "decoder_lora_r",
+                                               "decoder_lora_targets") if k in cfg["config"]}
         changed = sorted(k for k in fixed if k in overrides and overrides[k] != fixed[k])
         if changed:
             raise ConfigError(f"{changed[0]} is fixed by the trained bridge ({fixed[changed[0]]!r}); retrain to change it")
@@ -270,7 +292,7 @@ class XRAGCompressor(Compressor):
             raise ConfigError("bridge_width is fixed by the trained bridge; retrain to change it")
         bridge = Bridge(b["in_dim"], b["width"], b["out_dim"], per)
         bridge.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in t.items()}, strict=False)
-        return cls(counter, config, bridge, index=index, manifest=cfg)
+        return cls(counter, config, bridge, index=index, manifest=cfg, adapter=adapter or None)
 
 
 def load_xrag(counter: TokenCounter, artifact: str | Path | None = None, decoder: str | None = None,
@@ -295,7 +317,10 @@ def _card(cfg: dict[str, Any]) -> str:
             "the frozen embedder's vector of the passage goes" if "embedder" in cfg else
             f"the frozen decoder's hidden states of the passage after layer {cfg['source']['layer']}, mean-pooled "
             f"over {cfg['source']['pieces']} equal runs of its tokens, go"),
-        "through a two-layer GELU MLP into the frozen decoder's input-embedding space.",
+        "through a two-layer GELU MLP into the decoder's input-embedding space.",
+        *([f"Decoder LoRA: r={cfg['config']['decoder_lora_r']} ({cfg['config'].get('decoder_lora_targets')}), trained "
+           "with the bridge; every backend that reads these rows applies it. The base weights stay frozen."]
+          if cfg["config"].get("decoder_lora_r") else ["The decoder stays frozen."]),
         "",
         *([f"Embedder: `{cfg['embedder']['id']}` (sha256 `{cfg['embedder']['sha256']}`), {cfg['embedder']['dim']}-d."]
           if "embedder" in cfg else []),

@@ -10,9 +10,12 @@ Cheng et al. 2024 (xRAG) train only the projector, in two stages, with retriever
    teacher is the same decoder reading the passages as text in the same prompt (self-distillation).
 
 Only the bridge has gradients: the decoder is ``requires_grad_(False)`` (it still back-propagates into its
-inputs) and the embedder runs once, under ``inference_mode``, to fill a cached index of the passage vectors. Logits are computed only at target positions. Data order and instruction
-choice are functions of (seed, stage, step), so ``resume`` continues exactly: the state (bridge, AdamW
-moments, step) is checkpointed every ``checkpoint_every`` steps as safetensors + JSON, never pickles.
+inputs) and the bridge inputs (embedder vectors or the frozen decoder's pooled states) are computed once and
+cached. With ``XRAGConfig.decoder_lora_r`` > 0 a decoder LoRA (PISCO / COCOM) trains with the bridge; the
+distillation teacher is read before it is injected, so the teacher stays the frozen decoder. Logits are computed
+only at target positions. Data order and instruction choice are functions of (seed, stage, step), so ``resume``
+continues exactly: the state (bridge, decoder LoRA, AdamW moments, step) is checkpointed every
+``checkpoint_every`` steps as safetensors + JSON, never pickles.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from ..training import QARecord, Seq, StagedRun, qa_layouts
 from ..training import seeded_batch as _batch
 from ..training import target_logits as _target_logits
 from .config import XRAGConfig, XRAGTrainConfig
-from .model import XRAGCompressor
+from .model import DECODER_LORA, XRAGCompressor
 from .projector import Bridge, embedding_row_norm
 
 __all__ = ["QARecord", "PARAPHRASE_INSTRUCTIONS", "train_xrag"]
@@ -50,6 +53,7 @@ PARAPHRASE_INSTRUCTIONS = (
 )
 _MARK = "\x00XRAG_ROW\x00"
 _CKPT_TYPE = "xrag-checkpoint"
+BRIDGE = "bridge."
 
 
 class _Layouts:
@@ -199,17 +203,38 @@ def train_xrag(
                 "config": config.model_dump(exclude={"cache_dir"}), "train": train.resume_key(),
                 "data_sha256": _data_hash(texts, qa)}
     run = StagedRun(work, _CKPT_TYPE, train, identity, resume, "ragpress train xrag", log)
-    run.restore(lambda t: bridge.load_state_dict({k_[7:]: torch.from_numpy(v.copy()) for k_, v in t.items()
-                                                  if k_.startswith("bridge.")}))
     lay = _Layouts(tok, train, hidden)
 
     targets = None
     teacher_counts: dict[str, Any] = {}
-    if train.stage2_steps and train.stage2_targets == "distill":
+    if train.stage2_steps and train.stage2_targets == "distill":  # the teacher is the frozen decoder: before any LoRA
         targets, teacher_counts = teacher_targets(
             model, lay.builder, qa, train.max_answer_tokens, train.distill_top_k,
             teacher_cache if teacher_cache is not None else work / "teacher",
             f"{identity['decoder_sha256'][:16]}-{lay.builder.style}", accept=accept, progress=progress, log=log)
+
+    peft_model = None
+    if config.decoder_lora_r:  # PISCO / COCOM: a decoder LoRA learns to read the rows, injected into ``model``
+        from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+
+        from ..decoder_lora import lora_kwargs
+
+        peft_model = get_peft_model(model, LoraConfig(**lora_kwargs(config.decoder_lora_r, config.decoder_lora_targets)))
+        source = None  # it shared ``model``; the compressor loads the frozen decoder again for its inputs
+
+    def adapter_state() -> dict[str, torch.Tensor]:
+        if peft_model is None:
+            return {}
+        return {k_: v.detach().float().contiguous().cpu() for k_, v in get_peft_model_state_dict(peft_model).items()}
+
+    def restore(t: dict[str, Any]) -> None:
+        bridge.load_state_dict({k_[len(BRIDGE):]: torch.from_numpy(v.copy()) for k_, v in t.items()
+                                if k_.startswith(BRIDGE)})
+        if peft_model is not None:
+            set_peft_model_state_dict(peft_model, {k_[len(DECODER_LORA):]: torch.from_numpy(v.copy())
+                                                   for k_, v in t.items() if k_.startswith(DECODER_LORA)})
+
+    run.restore(restore)
 
     def rows_of(seq_texts: Sequence[str]) -> torch.Tensor:
         return bridge.rows(inputs(seq_texts)).reshape(-1, hidden)
@@ -280,8 +305,9 @@ def train_xrag(
             [nxt[id(r)].passages[j % len(nxt[id(r)].passages)].text for j in range(len(r.passages))]).split(k),
             score, train.max_answer_tokens, "xrag")
         row.update({f"other_{key}": v for key, v in other.items() if key != "n"})
-        # ... and with zeroed rows, the control no training term can make worse (the decoder is frozen: scored once)
-        if not zeroed:
+        # ... and with zeroed rows, the control no training term can make worse (a frozen decoder: scored once;
+        # with a decoder LoRA at every checkpoint, since the adapter reads the zeroed rows too)
+        if not zeroed or peft_model is not None:
             zeroed.update(score_soft_answers(model, lay.builder, val, lambda r: [torch.zeros(k, hidden)] * len(r.passages),
                                              score, train.max_answer_tokens, "xrag"))
         row.update({f"zeroed_{key}": v for key, v in zeroed.items() if key != "n"})
@@ -294,14 +320,18 @@ def train_xrag(
     if val and score is not None and run.step == 0:
         val_log.unlink(missing_ok=True)
         validate(0)
-    report = run.run([p for p in bridge.parameters() if p.requires_grad], step_fn,
-                     lambda: {f"bridge.{k_}": v.numpy() for k_, v in bridge.tensors().items()},
+    params = [p for p in bridge.parameters() if p.requires_grad]
+    if peft_model is not None:
+        params += [p for p in peft_model.parameters() if p.requires_grad]
+    report = run.run(params, step_fn,
+                     lambda: {**{f"{BRIDGE}{k_}": v.numpy() for k_, v in bridge.tensors().items()},
+                              **{f"{DECODER_LORA}{k_}": v.numpy() for k_, v in adapter_state().items()}},
                      {"target_norm": target_norm}, progress=progress, desc="xrag train", on_checkpoint=validate)
     if val_log.exists():
         report["validation"] = [json.loads(ln) for ln in val_log.read_text().splitlines() if ln.strip()]
     bridge.eval()
     manifest = {"bridge": {"target_norm": round(target_norm, 5)}}
-    comp = XRAGCompressor(counter, config, bridge, manifest=manifest, source=source)
+    comp = XRAGCompressor(counter, config, bridge, manifest=manifest, source=source, adapter=adapter_state() or None)
     report.update(n_stage1_passages=len(texts), n_stage2_records=len(qa), target_norm=round(target_norm, 5))
     if teacher_counts:
         report["distill_targets"] = teacher_counts
