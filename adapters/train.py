@@ -47,7 +47,8 @@ def train_soft(family: str, config: Any, train: Any, data: SoftData, out: str | 
 
     if family == "text-lora":
         return train_text_lora_artifact(config, train.model_copy(update={"stage1_steps": 0}),
-                                        data.model_copy(update={"multi_passage": True}), out, work_dir, resume)
+                                        data.model_copy(update={"multi_passage": config.records == "icae"}), out,
+                                        work_dir, resume)
     if family == "icae":
         from compressor.icae.train import train_icae as trainer
     elif family == "xrag":
@@ -87,19 +88,25 @@ class TextLoRA(BaseModel):
     decoder_lora_r: int = Field(default=8, ge=1, le=1024, description="LoRA rank (alpha 2r), as icae's decoder "
                                 "adapter.")
     lora_targets: str = Field(default="all-linear", description="peft target_modules: 'all-linear' or a comma list.")
+    records: Literal["icae", "xrag"] = Field(default="icae", description="Whose training records it reads: icae's "
+                                             "multi-passage ones, or xrag's (each question with its gold passage).")
 
 
 def train_text_lora_artifact(cfg: TextLoRA, train: Any, data: SoftData, out: str | Path,
                              work_dir: str | Path | None = None, resume: bool = False) -> tuple[Path, dict[str, Any]]:
-    """Train the text baseline on the records ``icae`` trains on (``data.multi_passage`` is implied) and
-    write its ``decoder-lora`` artifact to ``out``. Returns (artifact folder, report)."""
+    """Train the text baseline on the records ``cfg.records`` trains on (icae's: ``data.multi_passage`` is
+    implied) and write its ``decoder-lora`` artifact to ``out``. Returns (artifact folder, report)."""
     from compressor.decoder_lora import save_decoder_adapter, train_text_lora
 
     from .metrics import accuracy
-    from .training_data import distill_records
+    from .training_data import distill_records, xrag_records
 
-    qa, provenance = distill_records(data.data, data.distractors or 9, data.n_nq, data.n_squad, data.n_hotpot,
-                                     seed=train.seed, n_val=data.n_val)  # the soft run's training records
+    if cfg.records == "xrag":  # the soft run's training records, with the same questions kept back for validation
+        _, qa, provenance = xrag_records(data.data, 0, data.n_nq, data.n_squad, data.distractors, seed=train.seed,
+                                         n_val=data.n_val)
+    else:
+        qa, provenance = distill_records(data.data, data.distractors or 9, data.n_nq, data.n_squad, data.n_hotpot,
+                                         seed=train.seed, n_val=data.n_val)
     work = Path(work_dir) if work_dir else Path("runs") / "text-lora-train" / Path(out).name
     tensors, report = train_text_lora(qa, work, cfg.base, train, r=cfg.decoder_lora_r, targets=cfg.lora_targets,
                                       resume=resume, teacher_cache=data.teacher_cache,

@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                ("icae", ICAEConfig, ICAETrainConfig, "the ICAE encoder (LoRA + "
                                                 "memory slots)"),
                                                ("text-lora", TextLoRA, ICAETrainConfig, "the fine-tuned uncompressed "
-                                                "baseline (a decoder LoRA reading text, icae's records and targets)")):
+                                                "baseline (a decoder LoRA reading text, a soft family's records and targets)")):
         tp = tsub.add_parser(family, help=f"train {what}")
         tp.add_argument("--out", type=Path, required=True, help="artifact folder to write")
         tp.add_argument("--work-dir", type=Path, help=f"checkpoints and loss log (default runs/{family}-train/<out>)")

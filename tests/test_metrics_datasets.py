@@ -179,3 +179,21 @@ def test_validation_past_100_questions_is_kept_back_from_training():
     kept_back = {r.question for r in val[-25:]}
     assert len(kept_back & {r.question for r in base}) >= 20 and not kept_back & {r.question for r in qa}
     assert not {p.text for r in val for p in r.passages} & set(texts)  # nor read in paraphrase pretraining
+
+
+def test_text_baseline_reads_the_records_of_the_soft_run_it_stands_beside(monkeypatch, tmp_path):
+    """``ragpress train text-lora --records xrag``: the fine-tuned uncompressed baseline of an xrag run trains on
+    xrag's records (each question with its gold passage), without the questions its validation kept back."""
+    import compressor.decoder_lora as D
+    from adapters.train import SoftData, TextLoRA, train_text_lora_artifact
+    from adapters.training_data import xrag_records
+    from compressor.icae.config import ICAETrainConfig
+
+    seen = {}
+    monkeypatch.setattr(D, "train_text_lora", lambda qa, *a, **k: (seen.setdefault("qa", qa), ({}, {}))[1])
+    monkeypatch.setattr(D, "save_decoder_adapter", lambda out, *a, **k: out)
+    train_text_lora_artifact(TextLoRA(records="xrag"), ICAETrainConfig(stage1_steps=0), SoftData(data=DATA, n_val=130),
+                             tmp_path / "a")
+    want = xrag_records(DATA, 0, n_val=130)[1]
+    assert [r.question for r in seen["qa"]] == [r.question for r in want] and len(want) > 1000
+    assert all(len(r.passages) == 1 for r in seen["qa"])
