@@ -81,11 +81,8 @@ def _qa_sources(data_dir: str | Path, n_val: int = 0) -> tuple[list[QAExample], 
     end (:func:`val_tail`)."""
     d = Path(data_dir)
     nq_all = load_dataset("nq", d / "nq_open" / "nq-open-oracle-even.jsonl.gz")
-    tail = val_tail(n_val)
-    if tail:
-        nq_all, kept_back = nq_all[:-tail], nq_all[-tail:]
-    else:
-        kept_back = []
+    cut = len(nq_all) - val_tail(n_val)
+    nq_all, kept_back = nq_all[:cut], nq_all[cut:]
     sq_all = load_dataset("squad", d / "squad_v2_dev_subset" / "squad_v2_dev_first5articles.json")
     ha_all = load_dataset("hotpotqa", d / "hotpotqa_train" / "hotpotqa_train_a.jsonl")
     hb = load_dataset("hotpotqa", d / "hotpotqa_train" / "hotpotqa_train_b.json")
@@ -166,7 +163,7 @@ def distill_val_records(data_dir: str | Path, n: int = 50, distractors: int = 9,
     pool = nq_all[100: EVAL_HOLDOUT["nq"]]
     rng = random.Random(f"{seed}-val")
     out = []
-    chosen = nq_all[lo:hi] + (nq_all[-tail:] if tail else [])
+    chosen = nq_all[lo:hi] + nq_all[len(nq_all) - tail:]
     for e in add_distractors([e for e in chosen if e.answers], corpus_of(pool), distractors, seed):
         ps = list(e.passages)
         rng.shuffle(ps)

@@ -40,6 +40,27 @@ def lora_kwargs(r: int, targets: str) -> dict[str, Any]:
             "task_type": "CAUSAL_LM"}
 
 
+def attach_lora(model: Any, r: int, targets: str) -> Any:
+    """Inject a fresh trainable LoRA (rank ``r``, :func:`lora_kwargs`) into ``model`` in place; the peft model."""
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(**lora_kwargs(r, targets)))
+
+
+def lora_tensors(peft_model: Any) -> dict[str, torch.Tensor]:
+    """The adapter's peft state dict as fp32 CPU tensors (what checkpoints and artifacts store)."""
+    from peft import get_peft_model_state_dict
+
+    return {k: v.detach().float().contiguous().cpu() for k, v in get_peft_model_state_dict(peft_model).items()}
+
+
+def load_lora_tensors(peft_model: Any, tensors: dict[str, Any]) -> None:
+    """Set the adapter from stored arrays (peft keys), as a checkpoint holds them."""
+    from peft import set_peft_model_state_dict
+
+    set_peft_model_state_dict(peft_model, {k: torch.as_tensor(v.copy()) for k, v in tensors.items()})
+
+
 def train_text_lora(qa: Sequence[QARecord], work_dir: str | Path, base: str, train: Any, r: int = 8,
                     targets: str = "all-linear", resume: bool = False, progress: bool = True,
                     log: Callable[[str], None] = print, accept: Callable[[str, QARecord], bool] | None = None,
@@ -47,8 +68,6 @@ def train_text_lora(qa: Sequence[QARecord], work_dir: str | Path, base: str, tra
     """Fine-tune a decoder LoRA (rank ``r``) on ``qa`` read as text; ``train`` is an
     :class:`~compressor.icae.config.ICAETrainConfig` (its stage-2 settings: steps, batch, LR, targets, KL;
     ``stage1_steps`` must be 0). Returns (the adapter's peft state dict, the report)."""
-    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
-
     from .models import load_causal_lm, model_fingerprint
 
     if train.stage1_steps:
@@ -63,7 +82,7 @@ def train_text_lora(qa: Sequence[QARecord], work_dir: str | Path, base: str, tra
                                 device=train.device)
     torch.manual_seed(train.seed)
     model.requires_grad_(False)
-    peft_model = get_peft_model(model, LoraConfig(**lora_kwargs(r, targets)))
+    peft_model = attach_lora(model, r, targets)
     lm = peft_model.base_model.model
     builder = PromptBuilder(tok)
     ph = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -76,10 +95,7 @@ def train_text_lora(qa: Sequence[QARecord], work_dir: str | Path, base: str, tra
                                           f"{identity['base_sha256'][:16]}-{builder.style}", accept=accept,
                                           progress=progress, log=log)
 
-    def state() -> dict[str, torch.Tensor]:
-        return {k: v.detach().float().contiguous().cpu() for k, v in get_peft_model_state_dict(peft_model).items()}
-
-    run.restore(lambda t: set_peft_model_state_dict(peft_model, {k: torch.as_tensor(v.copy()) for k, v in t.items()}))
+    run.restore(lambda t: load_lora_tensors(peft_model, t))
 
     def step(stage: int, i: int) -> tuple[torch.Tensor, dict[str, Any]]:
         batch = seeded_batch(len(qa), train.batch_size, i, train.seed, 2)
@@ -94,10 +110,10 @@ def train_text_lora(qa: Sequence[QARecord], work_dir: str | Path, base: str, tra
 
     peft_model.train()
     report = run.run([p for p in peft_model.parameters() if p.requires_grad], step,
-                     lambda: {k: v.numpy() for k, v in state().items()}, {}, progress=progress, desc="text lora")
+                     lambda: {k: v.numpy() for k, v in lora_tensors(peft_model).items()}, {}, progress=progress, desc="text lora")
     if counts:
         report["distill_targets"] = counts
-    return state(), report
+    return lora_tensors(peft_model), report
 
 
 def _records_hash(qa: Sequence[QARecord]) -> str:

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from ..base import TokenCounter
+from ..decoder_lora import attach_lora, load_lora_tensors, lora_tensors
 from ..errors import InputError
 from ..prompt import PromptBuilder
 from ..retrieval import cached_index, text_key
@@ -215,24 +216,18 @@ def train_xrag(
 
     peft_model = None
     if config.decoder_lora_r:  # PISCO / COCOM: a decoder LoRA learns to read the rows, injected into ``model``
-        from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
-
-        from ..decoder_lora import lora_kwargs
-
-        peft_model = get_peft_model(model, LoraConfig(**lora_kwargs(config.decoder_lora_r, config.decoder_lora_targets)))
+        peft_model = attach_lora(model, config.decoder_lora_r, config.decoder_lora_targets)
         source = None  # it shared ``model``; the compressor loads the frozen decoder again for its inputs
 
     def adapter_state() -> dict[str, torch.Tensor]:
-        if peft_model is None:
-            return {}
-        return {k_: v.detach().float().contiguous().cpu() for k_, v in get_peft_model_state_dict(peft_model).items()}
+        return lora_tensors(peft_model) if peft_model is not None else {}
 
     def restore(t: dict[str, Any]) -> None:
         bridge.load_state_dict({k_[len(BRIDGE):]: torch.from_numpy(v.copy()) for k_, v in t.items()
                                 if k_.startswith(BRIDGE)})
         if peft_model is not None:
-            set_peft_model_state_dict(peft_model, {k_[len(DECODER_LORA):]: torch.from_numpy(v.copy())
-                                                   for k_, v in t.items() if k_.startswith(DECODER_LORA)})
+            load_lora_tensors(peft_model, {k_[len(DECODER_LORA):]: v for k_, v in t.items()
+                                           if k_.startswith(DECODER_LORA)})
 
     run.restore(restore)
 
