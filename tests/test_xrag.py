@@ -536,3 +536,77 @@ def test_decoder_lora_trains_with_the_bridge_resumes_and_travels_in_the_artifact
     write_artifact(tmp_path / "damaged", cfg, {k: v for k, v in t.items() if not k.startswith("decoder_lora.")}, "damaged")
     with pytest.raises(ArtifactError, match="decoder_lora_r=2 but 0 decoder adapter tensors"):
         XRAGCompressor.from_pretrained(tmp_path / "damaged", counter, decoder=str(tiny_model_dir))
+
+
+def _tiny_icae(counter, tokenizer, base, tmp_path, name, seed):
+    """A small trained-looking icae artifact on ``base`` (4 memory rows), saved under ``tmp_path / name``."""
+    from compressor.icae.config import ICAEConfig
+    from compressor.icae.model import ICAECompressor, ICAEEncoder
+    from compressor.models import load_causal_lm
+
+    enc = ICAEEncoder(load_causal_lm(base, dtype="float32")[0], ICAEConfig(base=str(base), segment_tokens=16,
+                                                                          lora_r=4), seed=seed)
+    with torch.no_grad():
+        for n, p in enc.peft.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(seed))
+    return ICAECompressor(counter, enc, tokenizer).save_pretrained(
+        tmp_path / name, trained=True, training={"data": "unit test"})
+
+
+def test_encoder_source_reads_the_soft_encoders_slots(counter, tiny_model_dir, smol_tokenizer, tmp_path):
+    """source="encoder": each of source_runs runs of a passage read by the icae encoder with rows / runs memory
+    rows after it (any run length); the residual bridge starts as the identity; training on them validates
+    (step 0 = the untrained slots), the artifact records the encoder's hash and refuses another encoder."""
+    from compressor.icae.model import ICAECompressor
+    from compressor.xrag.features import load_encoder_source, split_runs
+
+    assert split_runs([1, 2, 3, 4, 5], 2) == [[1, 2], [3, 4, 5]] and split_runs([7], 3) == [[7], [7], [7]]
+    icae = _tiny_icae(counter, smol_tokenizer, tiny_model_dir, tmp_path, "icae", seed=1)
+    with pytest.raises(ValueError, match="not a multiple of source_runs"):
+        XRAGConfig(source="encoder", rows=3, source_runs=2)
+    cfg = XRAGConfig(decoder=str(tiny_model_dir), source="encoder", source_encoder=str(icae), source_runs=2, rows=4,
+                     source_dtype="float32", bridge_width=16)
+    src = load_encoder_source(cfg)
+    enc = ICAECompressor.from_pretrained(icae, base=str(tiny_model_dir), dtype="float32")
+    long = " ".join(p.text for p in PASSAGES * 3)  # runs longer than the encoder's 16-token segments
+    got = src.encode([PASSAGES[0].text, long])
+    assert got.shape == (2, 4, HIDDEN)
+    for i, text in enumerate([PASSAGES[0].text, long]):
+        runs = split_runs(smol_tokenizer(text, add_special_tokens=False)["input_ids"], 2)
+        assert max(len(r) for r in runs) > 16 or i == 0
+        want = torch.cat([enc.encoder.encode([r], slots=2)[0] for r in runs])
+        torch.testing.assert_close(got[i], want, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ConfigError, match="has 4 memory rows"):
+        load_encoder_source(cfg.model_copy(update={"rows": 10, "source_runs": 2}))
+
+    qa = [QARecord("What is the capital of France?", (PASSAGES[0],), "Paris", ("Paris",), (0,)),
+          QARecord("What produces ATP?", (PASSAGES[1], PASSAGES[2]), "the mitochondrion", ("mitochondrion",), (0,))]
+    tc = XRAGTrainConfig(stage1_steps=0, stage2_steps=2, batch_size=2, checkpoint_every=1, precision="fp32",
+                         max_answer_tokens=4, stage2_targets="distill")
+    untrained, _ = train_xrag([], qa, tmp_path / "w0", cfg, tc.model_copy(update={"stage2_steps": 0}), progress=False,
+                              log=lambda s: None, accept=lambda text, r: True)
+    assert untrained.bridge.residual and torch.equal(untrained.bridge.fc2.weight, torch.zeros_like(untrained.bridge.fc2.weight))
+    ctx = untrained.compress("q?", PASSAGES)
+    slots = src.encode([p.text for p in PASSAGES])
+    assert all(torch.allclose(p.embeds, slots[i], atol=1e-5) for i, p in enumerate(ctx.passages))
+    assert ctx.tokens_out == 12
+
+    comp, report = train_xrag([], qa, tmp_path / "w", cfg, tc, progress=False, log=lambda s: None,
+                              accept=lambda text, r: True, val=qa[:1],
+                              score=lambda text, r: {"f1": float(r.answer.lower() in text.lower())})
+    assert [v["step"] for v in report["validation"]] == [0, 1, 2] and float(comp.bridge.fc2.weight.detach().abs().sum()) > 0
+    path = comp.save_pretrained(tmp_path / "art", trained=True, training={"data": "unit test"})
+    art = json.loads((path / "compressor_config.json").read_text())
+    assert art["encoder"]["sha256"] == enc.artifact_id and art["bridge"]["residual"] is True
+    assert art["source"] == {"source": "encoder", "runs": 2, "slots": 4, "dtype": "float32"}
+    assert "memory slots (icae encoder sha256" in (path / "README.md").read_text()
+    again = XRAGCompressor.from_pretrained(path, counter, decoder=str(tiny_model_dir))
+    a, b = comp.compress("q?", PASSAGES), again.compress("q?", PASSAGES)
+    assert all(torch.allclose(x.embeds, y.embeds, atol=1e-5) for x, y in zip(a.passages, b.passages))
+    other = _tiny_icae(counter, smol_tokenizer, tiny_model_dir, tmp_path, "icae-other", seed=2)
+    wrong = XRAGCompressor.from_pretrained(path, counter, decoder=str(tiny_model_dir), source_encoder=str(other))
+    with pytest.raises(ArtifactError, match="trained on the slots of encoder"):
+        wrong.compress("q?", PASSAGES)
+    with pytest.raises(ConfigError, match="source_runs is fixed"):
+        XRAGCompressor.from_pretrained(path, counter, decoder=str(tiny_model_dir), source_runs=4)

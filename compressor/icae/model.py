@@ -143,15 +143,23 @@ class ICAEEncoder(nn.Module):
             elif not name.startswith("peft."):
                 p.requires_grad_(self._grad_parts["encoder"])
 
-    def encode(self, segments: list[list[int]], prefixes: list[torch.Tensor | None] | None = None) -> list[torch.Tensor]:
+    def encode(self, segments: list[list[int]], prefixes: list[torch.Tensor | None] | None = None,
+               slots: int | None = None) -> list[torch.Tensor]:
         """Slots ``[slots_for(len(seg)), hidden]`` (fp32) of each token segment, in one left-padded batch.
-        ``prefixes[i]``: rows placed before segment i (earlier slots, for summary accumulation)."""
+        ``prefixes[i]``: rows placed before segment i (earlier slots, for summary accumulation). ``slots``: read
+        that many memory rows after every segment instead, whatever its length (the segment is then not held to
+        ``segment_tokens``): the fixed-size summaries ``xrag`` reads with ``source="encoder"``."""
         lm = self.lm
         emb = lm.get_input_embeddings()
         dev, dt = emb.weight.device, emb.weight.dtype
-        ks = [self.config.slots_for(len(s)) for s in segments]
-        if any(len(s) > self.config.segment_tokens for s in segments):
-            raise ValueError(f"a segment is longer than segment_tokens={self.config.segment_tokens}")
+        if slots is not None:
+            if not 1 <= slots <= self.config.max_slots:
+                raise ValueError(f"slots={slots}: this encoder has {self.config.max_slots} memory rows")
+            ks = [slots] * len(segments)
+        else:
+            ks = [self.config.slots_for(len(s)) for s in segments]
+            if any(len(s) > self.config.segment_tokens for s in segments):
+                raise ValueError(f"a segment is longer than segment_tokens={self.config.segment_tokens}")
         seqs = []
         for i, seg in enumerate(segments):
             parts = []

@@ -29,14 +29,21 @@ class XRAGConfig(BaseModel):
 
     embedder: str = Field(default="minilm-l6", description="Frozen retriever embedder: named model or HF folder.")
     decoder: str = Field(default="smollm2-135m-instruct", description="Frozen decoder: named model or HF folder.")
-    source: Literal["embedder", "decoder"] = Field(
+    source: Literal["embedder", "decoder", "encoder"] = Field(
         default="embedder", description="What the bridge reads: the retriever embedder's vector of the passage "
-        "(xRAG's choice), or the frozen decoder's own hidden states of the passage at source_layer, mean-pooled "
-        "over `rows` equal runs of its tokens (one vector per row).")
+        "(xRAG's choice); the frozen decoder's own hidden states of the passage at source_layer, mean-pooled "
+        "over `rows` equal runs of its tokens (one vector per row); or the frozen soft encoder's memory slots "
+        "(source_encoder: an icae artifact), rows / source_runs of them after each of source_runs equal runs of "
+        "the passage's tokens (one slot per row; the bridge is then residual, starting as the identity).")
+    source_encoder: str = Field(default="shipped", description="source=encoder: the icae artifact folder whose "
+                                "encoder reads the passages ('shipped': the shipped one); it must be trained on "
+                                "the same decoder, and the bridge records its hash.")
+    source_runs: int = Field(default=1, ge=1, le=64, description="source=encoder: equal runs of the passage's "
+                             "tokens, each read by the encoder on its own; rows must be a multiple of it.")
     source_layer: int = Field(default=15, ge=0, le=512, description="source=decoder: the hidden-state layer read "
                               "(0: the input embeddings; the decoder's layers are numbered from 1).")
-    source_dtype: Literal["bfloat16", "float32"] = Field(default="bfloat16", description="source=decoder: the "
-                                                         "dtype the decoder reads the passage in (as trained).")
+    source_dtype: Literal["bfloat16", "float32"] = Field(default="bfloat16", description="source=decoder or "
+                                                         "encoder: the dtype the passage is read in (as trained).")
     rows: int = Field(default=1, ge=1, le=64, description="Soft rows per passage (1: xRAG proper).")
     bridge_width: int = Field(default=1536, ge=8, le=16384, description="Hidden width of the two-layer bridge.")
     decoder_lora_r: int = Field(default=0, ge=0, le=1024, description="Rank of a decoder LoRA trained together "
@@ -48,10 +55,20 @@ class XRAGConfig(BaseModel):
     cache_dir: str | None = Field(default=None, description="Where each passage's rows are kept (index time, "
                                   "`ragpress index --method xrag`): a folder or an fsspec URL; None keeps none.")
 
+    @model_validator(mode="after")
+    def _check_runs(self) -> XRAGConfig:
+        if self.source == "encoder" and self.rows % self.source_runs:
+            raise ValueError(f"rows={self.rows} is not a multiple of source_runs={self.source_runs}: each run of "
+                             "the passage gives rows / source_runs slots")
+        return self
+
     def input_key(self) -> dict:
-        """What a passage's bridge input depends on besides the models' weights."""
+        """What a passage's bridge input depends on besides the models' weights (and, for the encoder source,
+        the encoder's hash, kept in the artifact)."""
         if self.source == "embedder":
             return {"source": "embedder"}
+        if self.source == "encoder":
+            return {"source": "encoder", "runs": self.source_runs, "slots": self.rows, "dtype": self.source_dtype}
         return {"source": "decoder", "layer": self.source_layer, "pieces": self.rows, "dtype": self.source_dtype}
 
 

@@ -9,6 +9,12 @@ of tokens: one ``[hidden]`` vector per soft row, in the passage's order.
 
 Shapes: ``texts`` n -> ``[n, pieces, hidden]`` fp32. Computed once per passage (index time); the bridge maps
 each vector to one row.
+
+:class:`EncoderSource` reads a trained soft encoder instead (an ``icae`` artifact: a LoRA-adapted copy of the
+decoder whose memory slots the frozen decoder reads): the passage's tokens are split into ``runs`` near-equal
+runs and each run is read with ``per_run`` memory rows after it, whatever its length; ``[runs * per_run,
+hidden]`` per passage. Unlike pooled states these already are rows the decoder reads (at 28x, untrained,
+they answer NQ questions the zeroed rows do not: ``docs/experiments/xrag.md``).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import torch
 
 from ..errors import ConfigError
 
-__all__ = ["DecoderSource", "pool_pieces"]
+__all__ = ["DecoderSource", "EncoderSource", "load_encoder_source", "pool_pieces", "split_runs"]
 
 
 class _Stop(Exception):
@@ -108,3 +114,63 @@ class DecoderSource:
             for b, i in enumerate(rows):
                 out[i] = pool_pieces(h[b], len(toks[i]), self.pieces).cpu()
         return out
+
+
+def split_runs(ids: Sequence[int], runs: int) -> list[list[int]]:
+    """``ids`` cut into ``runs`` contiguous, near-equal runs, in order; never an empty run (a passage of fewer
+    tokens than runs repeats its last token)."""
+    n = len(ids)
+    out = []
+    for k in range(runs):
+        a = min((k * n) // runs, n - 1)
+        b = max(((k + 1) * n) // runs, a + 1)
+        out.append(list(ids[a:b]))
+    return out
+
+
+class EncoderSource:
+    """The memory slots of a trained soft encoder (``icae``) for each passage: ``runs`` equal runs of its
+    tokens, ``per_run`` slots each (see :func:`split_runs`); ``encoder`` an
+    :class:`~compressor.icae.model.ICAECompressor`, ``artifact_id`` its tensors' hash."""
+
+    def __init__(self, encoder: Any, runs: int, per_run: int, batch_size: int = 16) -> None:
+        if not 1 <= per_run <= encoder.config.max_slots:
+            raise ConfigError(f"{per_run} slots a run: the encoder {encoder.artifact_id[:12]} has "
+                              f"{encoder.config.max_slots} memory rows; lower rows or raise source_runs")
+        self.comp, self.runs, self.per_run, self.batch_size = encoder, runs, per_run, batch_size
+        self.dim = int(encoder.encoder.hidden)
+        self.artifact_id = encoder.artifact_id
+
+    @torch.no_grad()
+    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+        """``[len(texts), runs * per_run, hidden]`` fp32, in the order of ``texts`` (runs batched by length)."""
+        tok = self.comp.tokenizer
+        ids = [list(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        empty = [i for i, t in enumerate(ids) if not t]
+        if empty:
+            raise ConfigError(f"passage {empty[0]} has no tokens: nothing to encode")
+        flat = [(i, k, run) for i, t in enumerate(ids) for k, run in enumerate(split_runs(t, self.runs))]
+        flat.sort(key=lambda x: len(x[2]))
+        out = torch.empty(len(texts), self.runs * self.per_run, self.dim)
+        for c in range(0, len(flat), self.batch_size):
+            chunk = flat[c: c + self.batch_size]
+            for (i, k, _), slots in zip(chunk, self.comp.encoder.encode([r for _, _, r in chunk], slots=self.per_run),
+                                        strict=True):
+                out[i, k * self.per_run: (k + 1) * self.per_run] = slots.float().cpu()
+        return out
+
+
+def load_encoder_source(config: Any, expect_id: str | None = None) -> EncoderSource:
+    """The encoder ``config.source_encoder`` names (``shipped``: the shipped ``icae`` artifact), on
+    ``config.decoder``; with ``expect_id``, refused unless its hash is the one the bridge was trained on."""
+    from ..errors import ArtifactError
+    from ..icae.config import SHIPPED_ARTIFACT
+    from ..icae.model import ICAECompressor
+
+    path = SHIPPED_ARTIFACT if config.source_encoder == "shipped" else config.source_encoder
+    comp = ICAECompressor.from_pretrained(path, base=config.decoder, dtype=config.source_dtype)
+    if expect_id is not None and comp.artifact_id != expect_id:
+        raise ArtifactError(f"source_encoder={config.source_encoder!r} is encoder {comp.artifact_id[:12]}, but this "
+                            f"bridge was trained on the slots of encoder {expect_id[:12]}: pass the encoder it was "
+                            "trained with (source_encoder) or retrain the bridge")
+    return EncoderSource(comp, config.source_runs, config.rows // config.source_runs, config.embed_batch_size)

@@ -10,6 +10,9 @@ where the passage text would be (titles stay text). What the bridge reads is rec
   :class:`~compressor.retrieval.DocumentIndex`; one vector gives all ``rows`` rows (xRAG proper: 1).
 * ``decoder``: the frozen decoder's own hidden states of the passage after ``source_layer``, mean-pooled over
   ``rows`` equal runs of its tokens (:class:`~compressor.xrag.features.DecoderSource`); one vector per row.
+* ``encoder``: a trained soft encoder's (``icae``) memory slots, ``rows / source_runs`` after each of
+  ``source_runs`` runs of the passage (:class:`~compressor.xrag.features.EncoderSource`); one slot per row,
+  through a residual bridge. The artifact records the encoder's hash and refuses another.
 
 Shapes: passages ``n`` -> inputs ``[n, m, in_dim]`` -> ``CompressedPassage.embeds`` ``[rows, hidden]`` each, in
 input order; ``tokens_out`` = ``rows`` per passage, so the ratio is the passage length over ``rows``. With
@@ -64,7 +67,7 @@ class XRAGCompressor(Compressor):
             raise ConfigError(f"decoder_lora_r={config.decoder_lora_r} needs a decoder adapter's tensors exactly when "
                               "it is above 0")
         self.adapter = adapter
-        if config.rows % bridge.per_input or (config.source == "decoder" and bridge.per_input != 1):
+        if config.rows % bridge.per_input or (config.source != "embedder" and bridge.per_input != 1):
             raise ConfigError(f"rows={config.rows} does not fit this bridge ({bridge.per_input} rows per input vector, "
                               f"source {config.source})")
         self._embedder = embedder
@@ -78,7 +81,8 @@ class XRAGCompressor(Compressor):
 
     def _cache_id(self) -> str:
         h = hashlib.sha256(json.dumps([self.config.input_key(), self.config.rows, self.manifest.get("decoder"),
-                                       self.manifest.get("embedder")], sort_keys=True, default=str).encode())
+                                       self.manifest.get("embedder"), self.manifest.get("encoder")], sort_keys=True,
+                                      default=str).encode())
         for k, v in sorted(self.bridge.tensors().items()):
             h.update(k.encode())
             h.update(v.numpy().tobytes())
@@ -98,7 +102,12 @@ class XRAGCompressor(Compressor):
 
     @property
     def source(self) -> Any:
-        """The decoder source (``source="decoder"``), loading the frozen decoder on first use."""
+        """The decoder or encoder source (``source`` "decoder" / "encoder"), loaded on first use (an encoder
+        other than the one the bridge was trained on is refused)."""
+        if self._source is None and self.config.source == "encoder":
+            from .features import load_encoder_source
+
+            self._source = load_encoder_source(self.config, (self.manifest.get("encoder") or {}).get("sha256"))
         if self._source is None:
             from ..models import load_causal_lm
             from .features import DecoderSource
@@ -154,7 +163,8 @@ class XRAGCompressor(Compressor):
         return vecs
 
     def passage_inputs(self, passages: list[Passage]) -> torch.Tensor:
-        """The bridge's inputs ``[n, m, in_dim]``: one embedder vector (m = 1) or ``rows`` pooled decoder states."""
+        """The bridge's inputs ``[n, m, in_dim]``: one embedder vector (m = 1), or ``rows`` pooled decoder states
+        or encoder slots."""
         if self.config.source == "embedder":
             return self.passage_vectors(passages)[:, None]
         self.encoded_on_the_fly += len(passages)
@@ -246,7 +256,7 @@ class XRAGCompressor(Compressor):
                         "hidden_size": self.bridge.out_dim},
             "config": self.config.model_dump(exclude={"embedder", "decoder", "cache_dir"}),
             "bridge": {"in_dim": self.bridge.in_dim, "width": self.bridge.width, "out_dim": self.bridge.out_dim,
-                       "per_input": self.bridge.per_input, "activation": "gelu",
+                       "per_input": self.bridge.per_input, "activation": "gelu", "residual": self.bridge.residual,
                        "target_norm": self.manifest.get("bridge", {}).get("target_norm")},
             "training": training if training is not None else self.manifest.get("training"),
             "scores": scores if scores is not None else self.manifest.get("scores"),
@@ -254,6 +264,8 @@ class XRAGCompressor(Compressor):
         if self.config.source == "embedder":
             cfg["embedder"] = {"id": model_id(self.config.embedder), "sha256": model_fingerprint(self.config.embedder),
                                "dim": self.bridge.in_dim}
+        if self.config.source == "encoder":
+            cfg["encoder"] = self.manifest.get("encoder") or {"sha256": self.source.artifact_id}
         tensors = {k: v.numpy() for k, v in self.bridge.tensors().items()}
         tensors.update({DECODER_LORA + k: v.numpy() for k, v in (self.adapter or {}).items()})
         self.manifest = cfg
@@ -282,15 +294,15 @@ class XRAGCompressor(Compressor):
         if tuple(t["fc1.weight"].shape) != (b["width"], b["in_dim"]) or \
                 tuple(t["fc2.weight"].shape) != (b["out_dim"] * per, b["width"]):
             raise ArtifactError(f"artifact {directory}: bridge tensors do not match the recorded sizes {b}")
-        fixed = {k: cfg["config"][k] for k in ("source", "source_layer", "source_dtype", "rows", "decoder_lora_r",
-                                               "decoder_lora_targets") if k in cfg["config"]}
+        fixed = {k: cfg["config"][k] for k in ("source", "source_layer", "source_dtype", "source_runs", "rows",
+                                               "decoder_lora_r", "decoder_lora_targets") if k in cfg["config"]}
         changed = sorted(k for k in fixed if k in overrides and overrides[k] != fixed[k])
         if changed:
             raise ConfigError(f"{changed[0]} is fixed by the trained bridge ({fixed[changed[0]]!r}); retrain to change it")
         config = XRAGConfig(**{**cfg["config"], **overrides, **chosen})
         if config.bridge_width != b["width"]:
             raise ConfigError("bridge_width is fixed by the trained bridge; retrain to change it")
-        bridge = Bridge(b["in_dim"], b["width"], b["out_dim"], per)
+        bridge = Bridge(b["in_dim"], b["width"], b["out_dim"], per, residual=bool(b.get("residual", False)))
         bridge.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in t.items()}, strict=False)
         return cls(counter, config, bridge, index=index, manifest=cfg, adapter=adapter or None)
 
@@ -315,9 +327,13 @@ def _card(cfg: dict[str, Any]) -> str:
         "",
         f"{cfg.get('rows', 1)} soft row(s) per passage (after Cheng et al. 2024, xRAG): " + (
             "the frozen embedder's vector of the passage goes" if "embedder" in cfg else
+            f"the frozen soft encoder's memory slots (icae encoder sha256 `{cfg['encoder']['sha256']}`), "
+            f"{cfg['rows'] // cfg['source']['runs']} after each of {cfg['source']['runs']} equal runs of the "
+            "passage's tokens, go" if cfg["source"]["source"] == "encoder" else
             f"the frozen decoder's hidden states of the passage after layer {cfg['source']['layer']}, mean-pooled "
             f"over {cfg['source']['pieces']} equal runs of its tokens, go"),
-        "through a two-layer GELU MLP into the decoder's input-embedding space.",
+        "through a two-layer GELU MLP" + (" added to them (residual)" if cfg["bridge"].get("residual") else "")
+        + " into the decoder's input-embedding space.",
         *([f"Decoder LoRA: r={cfg['config']['decoder_lora_r']} ({cfg['config'].get('decoder_lora_targets')}), trained "
            "with the bridge; every backend that reads these rows applies it. The base weights stay frozen."]
           if cfg["config"].get("decoder_lora_r") else ["The decoder stays frozen."]),

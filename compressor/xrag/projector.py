@@ -23,7 +23,9 @@ INPUT_KEYS = frozenset({"in_mean", "in_std"})
 
 
 class Bridge(nn.Module):
-    """``standardise -> Linear(in_dim, width) -> GELU -> Linear(width, per_input * out_dim)``; fp32.
+    """``standardise -> Linear(in_dim, width) -> GELU -> Linear(width, per_input * out_dim)``; fp32. With
+    ``residual`` (inputs that already are decoder rows: the soft encoder's slots) the input is added back and
+    ``fc2`` starts at zero, so the untrained bridge is the identity.
 
     Each input vector gives ``per_input`` rows of width ``out_dim`` (a single MiniLM vector can be asked for
     several rows; the decoder source gives one pooled vector per row, ``per_input`` 1). ``in_mean``/``in_std``
@@ -31,20 +33,29 @@ class Bridge(nn.Module):
     default): a decoder's hidden states carry a few channels of huge, nearly constant activations that would
     otherwise swamp the rest."""
 
-    def __init__(self, in_dim: int, width: int, out_dim: int, per_input: int = 1) -> None:
+    def __init__(self, in_dim: int, width: int, out_dim: int, per_input: int = 1, residual: bool = False) -> None:
         super().__init__()
         self.in_dim, self.width, self.out_dim, self.per_input = int(in_dim), int(width), int(out_dim), int(per_input)
+        self.residual = bool(residual)
+        if residual and (in_dim != out_dim or per_input != 1):
+            raise ValueError(f"a residual bridge maps each input to one row of the same width, not {in_dim} -> "
+                             f"{per_input} x {out_dim}")
         self.register_buffer("in_mean", torch.zeros(self.in_dim))
         self.register_buffer("in_std", torch.ones(self.in_dim))
         self.fc1 = nn.Linear(self.in_dim, self.width)
         self.act = nn.GELU()
         self.fc2 = nn.Linear(self.width, self.out_dim * self.per_input)
+        if residual:  # starts as the identity: the input rows already are rows the decoder reads
+            with torch.no_grad():
+                self.fc2.weight.zero_()
+                self.fc2.bias.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``[..., in_dim]`` -> ``[..., per_input * out_dim]`` (fp32)."""
         if x.shape[-1] != self.in_dim:
             raise ValueError(f"bridge input has width {x.shape[-1]}, expected {self.in_dim} (the source's dim)")
-        return self.fc2(self.act(self.fc1((x.float() - self.in_mean) / self.in_std)))
+        y = self.fc2(self.act(self.fc1((x.float() - self.in_mean) / self.in_std)))
+        return x.float() + y if self.residual else y
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``[n, m, in_dim]`` (m input vectors per passage) -> ``[n, m * per_input, out_dim]``."""

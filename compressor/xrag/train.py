@@ -118,11 +118,19 @@ def _source_inputs(config: XRAGConfig, model: Any, tok: Any, passages: list[str]
             return vecs[:, None]
 
         return lookup, index.dim, {"embedder_sha256": index.embedder["sha256"]}, None
-    from .features import DecoderSource
+    from .features import DecoderSource, load_encoder_source
 
-    src_model = model if config.source_dtype == train_dtype else load_causal_lm(config.decoder, dtype=config.source_dtype)[0]
-    source = DecoderSource(src_model, tok, config.source_layer, config.rows, config.embed_batch_size)
-    ns = hashlib.sha256(json.dumps([model_fingerprint(config.decoder), config.input_key()]).encode()).hexdigest()[:24]
+    source: Any
+    if config.source == "encoder":
+        source = load_encoder_source(config)
+        what = f"encoder {source.artifact_id[:12]} slots ({config.source_runs} runs, {config.rows} slots)"
+    else:
+        src_model = model if config.source_dtype == train_dtype else load_causal_lm(config.decoder,
+                                                                                    dtype=config.source_dtype)[0]
+        source = DecoderSource(src_model, tok, config.source_layer, config.rows, config.embed_batch_size)
+        what = f"decoder states (layer {config.source_layer}, {config.rows} pieces)"
+    key = [model_fingerprint(config.decoder), config.input_key()] + ([source.artifact_id] if config.source == "encoder" else [])
+    ns = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:24]
     cache = TensorCache(work / "features", ns, tensor_name="inputs")
     got = {t: cache.get(t) for t in passages}
     miss = [t for t, v in got.items() if v is None]
@@ -131,13 +139,12 @@ def _source_inputs(config: XRAGConfig, model: Any, tok: Any, passages: list[str]
         for t, v in zip(miss[i:i + step], source.encode(miss[i:i + step]), strict=True):
             cache.put(t, v)
             got[t] = v
-    log(f"decoder states (layer {config.source_layer}, {config.rows} pieces): {len(passages)} passages, "
-        f"{len(miss)} computed now ({time.perf_counter() - t0:.1f}s)")
+    log(f"{what}: {len(passages)} passages, {len(miss)} computed now ({time.perf_counter() - t0:.1f}s)")
 
     def lookup(texts: Sequence[str]) -> torch.Tensor:
         return torch.stack([got[t] for t in texts])
 
-    return lookup, source.dim, {}, source
+    return lookup, source.dim, ({"encoder_sha256": source.artifact_id} if config.source == "encoder" else {}), source
 
 
 def _mean_logp(logits: torch.Tensor, labels: torch.Tensor, seqs: Sequence[Seq]) -> torch.Tensor:
@@ -194,12 +201,14 @@ def train_xrag(
 
     torch.manual_seed(train.seed)
     k = config.rows
-    bridge = Bridge(in_dim, config.bridge_width, hidden, per_input=k if config.source == "embedder" else 1)
+    bridge = Bridge(in_dim, config.bridge_width, hidden, per_input=k if config.source == "embedder" else 1,
+                    residual=config.source == "encoder")
     sample = inputs(passages[: min(2048, len(passages))])
-    if config.source == "decoder":
+    if config.source != "embedder":
         bridge.standardise_(sample)
     target_norm = embedding_row_norm(model, seed=train.seed)
-    bridge.calibrate_(sample[:512].reshape(-1, in_dim), target_norm)
+    if not bridge.residual:  # a residual bridge starts as the identity on rows the decoder already reads
+        bridge.calibrate_(sample[:512].reshape(-1, in_dim), target_norm)
     identity = {"decoder_sha256": model_fingerprint(config.decoder), **source_id,
                 "config": config.model_dump(exclude={"cache_dir"}), "train": train.resume_key(),
                 "data_sha256": _data_hash(texts, qa)}
@@ -217,7 +226,8 @@ def train_xrag(
     peft_model = None
     if config.decoder_lora_r:  # PISCO / COCOM: a decoder LoRA learns to read the rows, injected into ``model``
         peft_model = attach_lora(model, config.decoder_lora_r, config.decoder_lora_targets)
-        source = None  # it shared ``model``; the compressor loads the frozen decoder again for its inputs
+        if config.source == "decoder":
+            source = None  # it shared ``model``; the compressor loads the frozen decoder again for its inputs
 
     def adapter_state() -> dict[str, torch.Tensor]:
         return lora_tensors(peft_model) if peft_model is not None else {}
@@ -325,7 +335,9 @@ def train_xrag(
     if val_log.exists():
         report["validation"] = [json.loads(ln) for ln in val_log.read_text().splitlines() if ln.strip()]
     bridge.eval()
-    manifest = {"bridge": {"target_norm": round(target_norm, 5)}}
+    manifest: dict[str, Any] = {"bridge": {"target_norm": round(target_norm, 5)}}
+    if config.source == "encoder":
+        manifest["encoder"] = {"sha256": source_id["encoder_sha256"], "trained_with": config.source_encoder}
     comp = XRAGCompressor(counter, config, bridge, manifest=manifest, source=source, adapter=adapter_state() or None)
     report.update(n_stage1_passages=len(texts), n_stage2_records=len(qa), target_norm=round(target_norm, 5))
     if teacher_counts:
