@@ -610,3 +610,60 @@ def test_encoder_source_reads_the_soft_encoders_slots(counter, tiny_model_dir, s
         wrong.compress("q?", PASSAGES)
     with pytest.raises(ConfigError, match="source_runs is fixed"):
         XRAGCompressor.from_pretrained(path, counter, decoder=str(tiny_model_dir), source_runs=4)
+
+
+def test_encoder_finetuned_with_the_bridge_resumes_and_travels_in_the_artifact(counter, tiny_model_dir,
+                                                                               smol_tokenizer, tmp_path, monkeypatch):
+    """source_finetune: the encoder's LoRA, memory rows and slot projection train with the bridge (they move),
+    resume restores them exactly, the artifact carries them (the rows it gives after loading are the trained
+    ones, not the base encoder's), the row cache is keyed by them, the setting is fixed by the artifact, a damaged
+    artifact and another base encoder are refused, and the option needs source='encoder'."""
+    from compressor.artifacts import read_artifact, write_artifact
+    from compressor.xrag.features import load_encoder_source
+
+    with pytest.raises(ValueError, match="source_finetune=True fine-tunes the soft encoder"):
+        XRAGConfig(source="decoder", source_finetune=True)
+    icae = _tiny_icae(counter, smol_tokenizer, tiny_model_dir, tmp_path, "icae", seed=1)
+    qa = [QARecord("What is the capital of France?", (PASSAGES[0],), "Paris", ("Paris",), (0,)),
+          QARecord("What produces ATP?", (PASSAGES[1], PASSAGES[2]), "the mitochondrion", ("mitochondrion",), (0,))]
+    cfg = XRAGConfig(decoder=str(tiny_model_dir), source="encoder", source_encoder=str(icae), rows=2,
+                     source_dtype="float32", bridge_width=16, source_finetune=True)
+
+    def run(work, resume=False):
+        tc = XRAGTrainConfig(stage1_steps=0, stage2_steps=3, batch_size=2, checkpoint_every=1, precision="fp32",
+                             max_answer_tokens=4, stage2_targets="distill", stage2_lr=1e-2, contrast_weight=1.0)
+        return train_xrag([], qa, work, cfg, tc, resume=resume, progress=False, log=lambda s: None,
+                          accept=lambda text, r: True, teacher_cache=tmp_path / "teacher")
+
+    full, _ = run(tmp_path / "a")
+    base = load_encoder_source(cfg.model_copy(update={"source_finetune": False}))
+    start = base.comp.encoder.trainable_tensors(("encoder",))
+    assert set(full.encoder_tensors) == set(start)
+    assert any(not torch.allclose(full.encoder_tensors[k], v) for k, v in start.items() if ".lora_" in k)
+    assert not torch.allclose(full.encoder_tensors["memory"], start["memory"])
+    interrupted(monkeypatch, 2, lambda: run(tmp_path / "b"))
+    resumed, _ = run(tmp_path / "b", resume=True)
+    for k, v in full.encoder_tensors.items():
+        assert torch.allclose(v, resumed.encoder_tensors[k], atol=1e-6), k
+
+    path = full.save_pretrained(tmp_path / "art", trained=True, training={"data": "unit test"})
+    art = json.loads((path / "compressor_config.json").read_text())
+    assert art["source"]["finetuned"] is True and len(art["encoder"]["finetuned_sha256"]) == 64
+    assert "fine-tuned with the bridge" in (path / "README.md").read_text()
+    back = XRAGCompressor.from_pretrained(path, counter, decoder=str(tiny_model_dir))
+    a, b = full.compress("q?", PASSAGES), back.compress("q?", PASSAGES)
+    assert all(torch.allclose(x.embeds, y.embeds, atol=1e-5) for x, y in zip(a.passages, b.passages))
+    unfinetuned = full.rows(base.encode([p.text for p in PASSAGES]))
+    assert not torch.allclose(unfinetuned[0], b.passages[0].embeds, atol=1e-4)
+    assert back._cache_id() != XRAGCompressor(counter, cfg.model_copy(update={"source_finetune": False}),
+                                              back.bridge, manifest={"encoder": dict(art["encoder"])})._cache_id()
+    with pytest.raises(ConfigError, match="source_finetune is fixed"):
+        XRAGCompressor.from_pretrained(path, counter, decoder=str(tiny_model_dir), source_finetune=False)
+    other = _tiny_icae(counter, smol_tokenizer, tiny_model_dir, tmp_path, "icae-other", seed=2)
+    with pytest.raises(ArtifactError, match="trained on the slots of encoder"):
+        XRAGCompressor.from_pretrained(path, counter, decoder=str(tiny_model_dir),
+                                       source_encoder=str(other)).compress("q?", PASSAGES)
+    meta, t = read_artifact(path, "xrag", 2)
+    write_artifact(tmp_path / "damaged", meta, {k: v for k, v in t.items() if not k.startswith("encoder.")}, "damaged")
+    with pytest.raises(ArtifactError, match="but 0 fine-tuned encoder tensors"):
+        XRAGCompressor.from_pretrained(tmp_path / "damaged", counter, decoder=str(tiny_model_dir))

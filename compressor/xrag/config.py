@@ -40,6 +40,10 @@ class XRAGConfig(BaseModel):
                                 "the same decoder, and the bridge records its hash.")
     source_runs: int = Field(default=1, ge=1, le=64, description="source=encoder: equal runs of the passage's "
                              "tokens, each read by the encoder on its own; rows must be a multiple of it.")
+    source_finetune: bool = Field(default=False, description="source=encoder: the encoder's own trainable part "
+                                  "(its LoRA, memory rows and slot projection) trains with the bridge, by the same "
+                                  "loss, for these rows a passage (PISCO: the compressor is fine-tuned, not frozen); "
+                                  "the artifact carries it and still refuses another base encoder.")
     source_layer: int = Field(default=15, ge=0, le=512, description="source=decoder: the hidden-state layer read "
                               "(0: the input embeddings; the decoder's layers are numbered from 1).")
     source_dtype: Literal["bfloat16", "float32"] = Field(default="bfloat16", description="source=decoder or "
@@ -60,6 +64,9 @@ class XRAGConfig(BaseModel):
         if self.source == "encoder" and self.rows % self.source_runs:
             raise ValueError(f"rows={self.rows} is not a multiple of source_runs={self.source_runs}: each run of "
                              "the passage gives rows / source_runs slots")
+        if self.source_finetune and self.source != "encoder":
+            raise ValueError(f"source_finetune=True fine-tunes the soft encoder, but source={self.source!r}: set "
+                             "source='encoder' or leave source_finetune off")
         return self
 
     def input_key(self) -> dict:
@@ -68,7 +75,8 @@ class XRAGConfig(BaseModel):
         if self.source == "embedder":
             return {"source": "embedder"}
         if self.source == "encoder":
-            return {"source": "encoder", "runs": self.source_runs, "slots": self.rows, "dtype": self.source_dtype}
+            return {"source": "encoder", "runs": self.source_runs, "slots": self.rows, "dtype": self.source_dtype,
+                    **({"finetuned": True} if self.source_finetune else {})}
         return {"source": "decoder", "layer": self.source_layer, "pieces": self.rows, "dtype": self.source_dtype}
 
 

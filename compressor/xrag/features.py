@@ -144,6 +144,10 @@ class EncoderSource:
     @torch.no_grad()
     def encode(self, texts: Sequence[str]) -> torch.Tensor:
         """``[len(texts), runs * per_run, hidden]`` fp32, in the order of ``texts`` (runs batched by length)."""
+        return self.slots(texts)
+
+    def slots(self, texts: Sequence[str]) -> torch.Tensor:
+        """:meth:`encode` with autograd on: training with ``source_finetune`` back-propagates into the encoder."""
         tok = self.comp.tokenizer
         ids = [list(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
         empty = [i for i, t in enumerate(ids) if not t]
@@ -151,18 +155,21 @@ class EncoderSource:
             raise ConfigError(f"passage {empty[0]} has no tokens: nothing to encode")
         flat = [(i, k, run) for i, t in enumerate(ids) for k, run in enumerate(split_runs(t, self.runs))]
         flat.sort(key=lambda x: len(x[2]))
-        out = torch.empty(len(texts), self.runs * self.per_run, self.dim)
+        out: list[list[torch.Tensor | None]] = [[None] * self.runs for _ in texts]
         for c in range(0, len(flat), self.batch_size):
             chunk = flat[c: c + self.batch_size]
             for (i, k, _), slots in zip(chunk, self.comp.encoder.encode([r for _, _, r in chunk], slots=self.per_run),
                                         strict=True):
-                out[i, k * self.per_run: (k + 1) * self.per_run] = slots.float().cpu()
-        return out
+                out[i][k] = slots.float().cpu()
+        return torch.stack([torch.cat(o, 0) for o in out])  # type: ignore[arg-type]
 
 
-def load_encoder_source(config: Any, expect_id: str | None = None) -> EncoderSource:
+def load_encoder_source(config: Any, expect_id: str | None = None,
+                        finetuned: dict[str, Any] | None = None) -> EncoderSource:
     """The encoder ``config.source_encoder`` names (``shipped``: the shipped ``icae`` artifact), on
-    ``config.decoder``; with ``expect_id``, refused unless its hash is the one the bridge was trained on."""
+    ``config.decoder``; with ``expect_id``, refused unless its hash is the one the bridge was trained on;
+    ``finetuned``: the encoder's trainable tensors as the bridge's training left them (``source_finetune``),
+    loaded over the base encoder's."""
     from ..errors import ArtifactError
     from ..icae.config import SHIPPED_ARTIFACT
     from ..icae.model import ICAECompressor
@@ -173,4 +180,10 @@ def load_encoder_source(config: Any, expect_id: str | None = None) -> EncoderSou
         raise ArtifactError(f"source_encoder={config.source_encoder!r} is encoder {comp.artifact_id[:12]}, but this "
                             f"bridge was trained on the slots of encoder {expect_id[:12]}: pass the encoder it was "
                             "trained with (source_encoder) or retrain the bridge")
+    if bool(finetuned) != bool(getattr(config, "source_finetune", False)):
+        raise ArtifactError(f"source_finetune={config.source_finetune} but {len(finetuned or {})} fine-tuned encoder "
+                            "tensors: the artifact is damaged, train it again")
+    if finetuned:
+        comp.encoder.load_trainable(finetuned, ("encoder",))
+    comp.encoder.eval()
     return EncoderSource(comp, config.source_runs, config.rows // config.source_runs, config.embed_batch_size)

@@ -42,9 +42,10 @@ from ..retrieval import DocumentIndex
 from .config import FORMAT_VERSION, SHIPPED_ARTIFACT, XRAGConfig
 from .projector import BRIDGE_KEYS, INPUT_KEYS, Bridge
 
-__all__ = ["XRAGCompressor", "SHIPPED_ARTIFACT", "load_xrag", "DECODER_LORA"]
+__all__ = ["XRAGCompressor", "SHIPPED_ARTIFACT", "load_xrag", "DECODER_LORA", "ENCODER"]
 
 DECODER_LORA = "decoder_lora."  # artifact tensor prefix of the decoder adapter (decoder_lora_r > 0), peft keys after it
+ENCODER = "encoder."  # ... of the fine-tuned encoder's trainable tensors (source_finetune), icae's keys after it
 
 
 class XRAGCompressor(Compressor):
@@ -60,13 +61,24 @@ class XRAGCompressor(Compressor):
 
     def __init__(self, counter: TokenCounter, config: XRAGConfig, bridge: Bridge, embedder: Any = None,
                  index: DocumentIndex | None = None, manifest: dict[str, Any] | None = None,
-                 source: Any = None, adapter: dict[str, torch.Tensor] | None = None) -> None:
+                 source: Any = None, adapter: dict[str, torch.Tensor] | None = None,
+                 encoder_tensors: dict[str, torch.Tensor] | None = None) -> None:
         super().__init__(counter)
         self.config, self.bridge, self.manifest = config, bridge.eval(), manifest or {}
         if bool(config.decoder_lora_r) != bool(adapter):
             raise ConfigError(f"decoder_lora_r={config.decoder_lora_r} needs a decoder adapter's tensors exactly when "
                               "it is above 0")
         self.adapter = adapter
+        if config.source_finetune != bool(encoder_tensors):
+            raise ConfigError(f"source_finetune={config.source_finetune} needs the fine-tuned encoder's tensors exactly "
+                              "when it is on")
+        self.encoder_tensors = encoder_tensors
+        if encoder_tensors:  # the rows (and so the row cache) depend on the fine-tuned encoder too
+            h = hashlib.sha256()
+            for k, v in sorted(encoder_tensors.items()):
+                h.update(k.encode())
+                h.update(v.numpy().tobytes())
+            self.manifest.setdefault("encoder", {})["finetuned_sha256"] = h.hexdigest()
         if config.rows % bridge.per_input or (config.source != "embedder" and bridge.per_input != 1):
             raise ConfigError(f"rows={config.rows} does not fit this bridge ({bridge.per_input} rows per input vector, "
                               f"source {config.source})")
@@ -107,7 +119,8 @@ class XRAGCompressor(Compressor):
         if self._source is None and self.config.source == "encoder":
             from .features import load_encoder_source
 
-            self._source = load_encoder_source(self.config, (self.manifest.get("encoder") or {}).get("sha256"))
+            self._source = load_encoder_source(self.config, (self.manifest.get("encoder") or {}).get("sha256"),
+                                               self.encoder_tensors)
         if self._source is None:
             from ..models import load_causal_lm
             from .features import DecoderSource
@@ -268,6 +281,7 @@ class XRAGCompressor(Compressor):
             cfg["encoder"] = self.manifest.get("encoder") or {"sha256": self.source.artifact_id}
         tensors = {k: v.numpy() for k, v in self.bridge.tensors().items()}
         tensors.update({DECODER_LORA + k: v.numpy() for k, v in (self.adapter or {}).items()})
+        tensors.update({ENCODER + k: v.numpy() for k, v in (self.encoder_tensors or {}).items()})
         self.manifest = cfg
         return write_artifact(directory, cfg, tensors, card or _card(cfg))
 
@@ -279,6 +293,10 @@ class XRAGCompressor(Compressor):
         with other weights (by sha256) are refused. An untrained control needs ``allow_untrained=True``."""
         cfg, t = read_artifact(directory, "xrag", FORMAT_VERSION)
         adapter = {k[len(DECODER_LORA):]: torch.from_numpy(t.pop(k).copy()) for k in list(t) if k.startswith(DECODER_LORA)}
+        enc = {k[len(ENCODER):]: torch.from_numpy(t.pop(k).copy()) for k in list(t) if k.startswith(ENCODER)}
+        if bool(enc) != bool(cfg["config"].get("source_finetune", False)):
+            raise ArtifactError(f"artifact {directory}: source_finetune={cfg['config'].get('source_finetune', False)} "
+                                f"but {len(enc)} fine-tuned encoder tensors; the artifact is damaged, train it again")
         if not BRIDGE_KEYS <= t.keys() or not t.keys() <= BRIDGE_KEYS | INPUT_KEYS:
             raise ArtifactError(f"artifact {directory}: tensors {sorted(t)}, expected {sorted(BRIDGE_KEYS | INPUT_KEYS)}")
         if bool(adapter) != bool(cfg["config"].get("decoder_lora_r", 0)):
@@ -294,7 +312,7 @@ class XRAGCompressor(Compressor):
         if tuple(t["fc1.weight"].shape) != (b["width"], b["in_dim"]) or \
                 tuple(t["fc2.weight"].shape) != (b["out_dim"] * per, b["width"]):
             raise ArtifactError(f"artifact {directory}: bridge tensors do not match the recorded sizes {b}")
-        fixed = {k: cfg["config"][k] for k in ("source", "source_layer", "source_dtype", "source_runs", "rows",
+        fixed = {k: cfg["config"][k] for k in ("source", "source_layer", "source_dtype", "source_runs", "source_finetune", "rows",
                                                "decoder_lora_r", "decoder_lora_targets") if k in cfg["config"]}
         changed = sorted(k for k in fixed if k in overrides and overrides[k] != fixed[k])
         if changed:
@@ -304,7 +322,8 @@ class XRAGCompressor(Compressor):
             raise ConfigError("bridge_width is fixed by the trained bridge; retrain to change it")
         bridge = Bridge(b["in_dim"], b["width"], b["out_dim"], per, residual=bool(b.get("residual", False)))
         bridge.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in t.items()}, strict=False)
-        return cls(counter, config, bridge, index=index, manifest=cfg, adapter=adapter or None)
+        return cls(counter, config, bridge, index=index, manifest=cfg, adapter=adapter or None,
+                   encoder_tensors=enc or None)
 
 
 def load_xrag(counter: TokenCounter, artifact: str | Path | None = None, decoder: str | None = None,
@@ -327,7 +346,10 @@ def _card(cfg: dict[str, Any]) -> str:
         "",
         f"{cfg.get('rows', 1)} soft row(s) per passage (after Cheng et al. 2024, xRAG): " + (
             "the frozen embedder's vector of the passage goes" if "embedder" in cfg else
-            f"the frozen soft encoder's memory slots (icae encoder sha256 `{cfg['encoder']['sha256']}`), "
+            f"the {'fine-tuned' if cfg['config'].get('source_finetune') else 'frozen'} soft encoder's memory slots "
+            f"(icae encoder sha256 `{cfg['encoder']['sha256']}`"
+            + (f", fine-tuned with the bridge: its tensors here, sha256 `{cfg['encoder'].get('finetuned_sha256')}`"
+               if cfg["config"].get("source_finetune") else "") + "), "
             f"{cfg['rows'] // cfg['source']['runs']} after each of {cfg['source']['runs']} equal runs of the "
             "passage's tokens, go" if cfg["source"]["source"] == "encoder" else
             f"the frozen decoder's hidden states of the passage after layer {cfg['source']['layer']}, mean-pooled "

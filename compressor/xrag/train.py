@@ -39,7 +39,7 @@ from ..training import QARecord, Seq, StagedRun, qa_layouts
 from ..training import seeded_batch as _batch
 from ..training import target_logits as _target_logits
 from .config import XRAGConfig, XRAGTrainConfig
-from .model import DECODER_LORA, XRAGCompressor
+from .model import DECODER_LORA, ENCODER, XRAGCompressor
 from .projector import Bridge, embedding_row_norm
 
 __all__ = ["QARecord", "PARAPHRASE_INSTRUCTIONS", "train_xrag"]
@@ -121,15 +121,17 @@ def _source_inputs(config: XRAGConfig, model: Any, tok: Any, passages: list[str]
     from .features import DecoderSource, load_encoder_source
 
     source: Any
+    # source_finetune: the encoder as it starts, whose slots are cached here and standardise the bridge
+    frozen = config.model_copy(update={"source_finetune": False})
     if config.source == "encoder":
-        source = load_encoder_source(config)
+        source = load_encoder_source(frozen)
         what = f"encoder {source.artifact_id[:12]} slots ({config.source_runs} runs, {config.rows} slots)"
     else:
         src_model = model if config.source_dtype == train_dtype else load_causal_lm(config.decoder,
                                                                                     dtype=config.source_dtype)[0]
         source = DecoderSource(src_model, tok, config.source_layer, config.rows, config.embed_batch_size)
         what = f"decoder states (layer {config.source_layer}, {config.rows} pieces)"
-    key = [model_fingerprint(config.decoder), config.input_key()] + ([source.artifact_id] if config.source == "encoder" else [])
+    key = [model_fingerprint(config.decoder), frozen.input_key()] + ([source.artifact_id] if config.source == "encoder" else [])
     ns = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:24]
     cache = TensorCache(work / "features", ns, tensor_name="inputs")
     got = {t: cache.get(t) for t in passages}
@@ -232,20 +234,39 @@ def train_xrag(
     def adapter_state() -> dict[str, torch.Tensor]:
         return lora_tensors(peft_model) if peft_model is not None else {}
 
+    encoder = None
+    if config.source_finetune:  # PISCO: the compressor itself learns, by the same loss as the bridge
+        encoder = source.comp.encoder
+        encoder.set_trainable(True, False)
+
     def restore(t: dict[str, Any]) -> None:
         bridge.load_state_dict({k_[len(BRIDGE):]: torch.from_numpy(v.copy()) for k_, v in t.items()
                                 if k_.startswith(BRIDGE)})
         if peft_model is not None:
             load_lora_tensors(peft_model, {k_[len(DECODER_LORA):]: v for k_, v in t.items()
                                            if k_.startswith(DECODER_LORA)})
+        if encoder is not None:
+            encoder.load_trainable({k_[len(ENCODER):]: v for k_, v in t.items() if k_.startswith(ENCODER)}, ("encoder",))
 
     run.restore(restore)
 
-    def rows_of(seq_texts: Sequence[str]) -> torch.Tensor:
-        return bridge.rows(inputs(seq_texts)).reshape(-1, hidden)
+    def encoder_state() -> dict[str, torch.Tensor]:
+        return encoder.trainable_tensors(("encoder",)) if encoder is not None else {}
+
+    def rows_of(seq_texts: Sequence[str], memo: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """The rows of ``seq_texts``, concatenated; with a fine-tuned encoder its slots are read now (with
+        autograd), each distinct passage once per ``memo``."""
+        if encoder is None:
+            return bridge.rows(inputs(seq_texts)).reshape(-1, hidden)
+        memo = {} if memo is None else memo
+        todo = [t for t in dict.fromkeys(seq_texts) if t not in memo]
+        if todo:
+            memo.update(zip(todo, bridge.rows(source.slots(todo)), strict=True))
+        return torch.cat([memo[t] for t in seq_texts], 0)
 
     def step_fn(stage: int, i: int) -> tuple[torch.Tensor, dict[str, Any]]:
         teach = mine = None
+        memo: dict[str, torch.Tensor] = {}
         if stage == 1:
             idx = _batch(len(texts), train.batch_size, i, train.seed, 1)
             seqs = [lay.paraphrase(texts[j], random.Random(f"{train.seed}-1-{i}-{n}").choice(PARAPHRASE_INSTRUCTIONS), k)
@@ -255,7 +276,7 @@ def train_xrag(
             pairs = [lay.qa(qa[j], k, None if targets is None else targets[j].ids) for j in idx]
             seqs, teach = [p[0] for p in pairs], [p[1] for p in pairs]
             mine = None if targets is None else [targets[j] for j in idx]
-        logits = _target_logits(model, seqs, lay.ph, rows_of([t for s in seqs for t in s.texts]))
+        logits = _target_logits(model, seqs, lay.ph, rows_of([t for s in seqs for t in s.texts], memo))
         labels = torch.tensor([t for s in seqs for t in s.ids[s.n_prompt:]], device=logits.device)
         nll = torch.nn.functional.cross_entropy(logits, labels)
         kl = torch.zeros(())
@@ -275,7 +296,7 @@ def train_xrag(
                 # the same targets read with the next record's rows: the answer must be likelier under its own
                 other = [seqs[(n + 1) % len(seqs)].texts or seqs[n].texts for n in range(len(seqs))]
                 o_logits = _target_logits(model, seqs, lay.ph, rows_of(
-                    [o[m % len(o)] for s, o in zip(seqs, other) for m in range(len(s.texts))]))
+                    [o[m % len(o)] for s, o in zip(seqs, other) for m in range(len(s.texts))], memo))
                 terms["other"] = own - _mean_logp(o_logits, labels, seqs)
             if train.contrast_negatives != "other":
                 # ... and likelier than with zeroed rows, a baseline training cannot move
@@ -301,6 +322,8 @@ def train_xrag(
         if not val or score is None:
             return
         bridge.eval()
+        if encoder is not None:
+            encoder.eval()
         row = {"step": step, **score_soft_answers(model, lay.builder, val, lambda r: rows_of([p.text for p in r.passages])
                                                   .split(k), score, train.max_answer_tokens, "xrag")}
         # The controls beside it: each question read with the rows of the next one's passages. Answer format
@@ -317,6 +340,8 @@ def train_xrag(
                                              score, train.max_answer_tokens, "xrag"))
         row.update({f"zeroed_{key}": v for key, v in zeroed.items() if key != "n"})
         bridge.train()
+        if encoder is not None:
+            encoder.train()
         with open(val_log, "a") as f:
             f.write(json.dumps(row) + "\n")
         log(f"validation at step {step}: {row}")
@@ -328,9 +353,13 @@ def train_xrag(
     params = [p for p in bridge.parameters() if p.requires_grad]
     if peft_model is not None:
         params += [p for p in peft_model.parameters() if p.requires_grad]
+    if encoder is not None:
+        encoder.train()
+        params += [p for p in encoder.parameters() if p.requires_grad]
     report = run.run(params, step_fn,
                      lambda: {**{f"{BRIDGE}{k_}": v.numpy() for k_, v in bridge.tensors().items()},
-                              **{f"{DECODER_LORA}{k_}": v.numpy() for k_, v in adapter_state().items()}},
+                              **{f"{DECODER_LORA}{k_}": v.numpy() for k_, v in adapter_state().items()},
+                              **{f"{ENCODER}{k_}": v.numpy() for k_, v in encoder_state().items()}},
                      {"target_norm": target_norm}, progress=progress, desc="xrag train", on_checkpoint=validate)
     if val_log.exists():
         report["validation"] = [json.loads(ln) for ln in val_log.read_text().splitlines() if ln.strip()]
@@ -338,7 +367,11 @@ def train_xrag(
     manifest: dict[str, Any] = {"bridge": {"target_norm": round(target_norm, 5)}}
     if config.source == "encoder":
         manifest["encoder"] = {"sha256": source_id["encoder_sha256"], "trained_with": config.source_encoder}
-    comp = XRAGCompressor(counter, config, bridge, manifest=manifest, source=source, adapter=adapter_state() or None)
+    if encoder is not None:
+        encoder.set_trainable(False, False)
+        encoder.eval()
+    comp = XRAGCompressor(counter, config, bridge, manifest=manifest, source=source, adapter=adapter_state() or None,
+                          encoder_tensors=encoder_state() or None)
     report.update(n_stage1_passages=len(texts), n_stage2_records=len(qa), target_norm=round(target_norm, 5))
     if teacher_counts:
         report["distill_targets"] = teacher_counts
