@@ -655,8 +655,14 @@ def test_encoder_finetuned_with_the_bridge_resumes_and_travels_in_the_artifact(c
     assert all(torch.allclose(x.embeds, y.embeds, atol=1e-5) for x, y in zip(a.passages, b.passages))
     unfinetuned = full.rows(base.encode([p.text for p in PASSAGES]))
     assert not torch.allclose(unfinetuned[0], b.passages[0].embeds, atol=1e-4)
-    assert back._cache_id() != XRAGCompressor(counter, cfg.model_copy(update={"source_finetune": False}),
-                                              back.bridge, manifest={"encoder": dict(art["encoder"])})._cache_id()
+    nudged = {k: v.clone() for k, v in back.encoder_tensors.items()}
+    nudged["memory"][0, 0] += 1.0
+    base_enc = {"sha256": art["encoder"]["sha256"]}
+    assert back._cache_id() != XRAGCompressor(counter, back.config, back.bridge, manifest={"encoder": base_enc},
+                                              encoder_tensors=nudged)._cache_id()
+    with pytest.raises(ArtifactError, match="do not match their recorded sha256"):
+        XRAGCompressor(counter, back.config, back.bridge, manifest={"encoder": dict(art["encoder"])},
+                       encoder_tensors=nudged)
     with pytest.raises(ConfigError, match="source_finetune is fixed"):
         XRAGCompressor.from_pretrained(path, counter, decoder=str(tiny_model_dir), source_finetune=False)
     other = _tiny_icae(counter, smol_tokenizer, tiny_model_dir, tmp_path, "icae-other", seed=2)

@@ -13,7 +13,8 @@ each vector to one row.
 :class:`EncoderSource` reads a trained soft encoder instead (an ``icae`` artifact: a LoRA-adapted copy of the
 decoder whose memory slots the frozen decoder reads): the passage's tokens are split into ``runs`` near-equal
 runs and each run is read with ``per_run`` memory rows after it, whatever its length; ``[runs * per_run,
-hidden]`` per passage. Unlike pooled states these already are rows the decoder reads (at 28x, untrained,
+hidden]`` per passage (with ``source_finetune`` its trainable part is trained with the bridge, by :meth:`slots`,
+which keeps autograd on). Unlike pooled states these already are rows the decoder reads (at 28x, untrained,
 they answer NQ questions the zeroed rows do not: ``docs/experiments/xrag.md``).
 """
 
@@ -180,9 +181,10 @@ def load_encoder_source(config: Any, expect_id: str | None = None,
         raise ArtifactError(f"source_encoder={config.source_encoder!r} is encoder {comp.artifact_id[:12]}, but this "
                             f"bridge was trained on the slots of encoder {expect_id[:12]}: pass the encoder it was "
                             "trained with (source_encoder) or retrain the bridge")
-    if bool(finetuned) != bool(getattr(config, "source_finetune", False)):
-        raise ArtifactError(f"source_finetune={config.source_finetune} but {len(finetuned or {})} fine-tuned encoder "
-                            "tensors: the artifact is damaged, train it again")
+    want = bool(getattr(config, "source_finetune", False))
+    if bool(finetuned) != want:
+        raise ConfigError(f"source_finetune={want} but {len(finetuned or {})} fine-tuned encoder tensors given: pass "
+                          "them exactly when source_finetune is on")
     if finetuned:
         comp.encoder.load_trainable(finetuned, ("encoder",))
     comp.encoder.eval()

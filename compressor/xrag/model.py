@@ -12,7 +12,8 @@ where the passage text would be (titles stay text). What the bridge reads is rec
   ``rows`` equal runs of its tokens (:class:`~compressor.xrag.features.DecoderSource`); one vector per row.
 * ``encoder``: a trained soft encoder's (``icae``) memory slots, ``rows / source_runs`` after each of
   ``source_runs`` runs of the passage (:class:`~compressor.xrag.features.EncoderSource`); one slot per row,
-  through a residual bridge. The artifact records the encoder's hash and refuses another.
+  through a residual bridge. The artifact records the encoder's hash and refuses another. With
+  ``source_finetune`` the encoder's trainable part is trained with the bridge and carried in the artifact.
 
 Shapes: passages ``n`` -> inputs ``[n, m, in_dim]`` -> ``CompressedPassage.embeds`` ``[rows, hidden]`` each, in
 input order; ``tokens_out`` = ``rows`` per passage, so the ratio is the passage length over ``rows``. With
@@ -64,21 +65,25 @@ class XRAGCompressor(Compressor):
                  source: Any = None, adapter: dict[str, torch.Tensor] | None = None,
                  encoder_tensors: dict[str, torch.Tensor] | None = None) -> None:
         super().__init__(counter)
-        self.config, self.bridge, self.manifest = config, bridge.eval(), manifest or {}
+        self.config, self.bridge, self.manifest = config, bridge.eval(), dict(manifest or {})
         if bool(config.decoder_lora_r) != bool(adapter):
             raise ConfigError(f"decoder_lora_r={config.decoder_lora_r} needs a decoder adapter's tensors exactly when "
                               "it is above 0")
         self.adapter = adapter
         if config.source_finetune != bool(encoder_tensors):
-            raise ConfigError(f"source_finetune={config.source_finetune} needs the fine-tuned encoder's tensors exactly "
-                              "when it is on")
+            raise ConfigError(f"source_finetune={config.source_finetune} but {len(encoder_tensors or {})} fine-tuned "
+                              "encoder tensors given: pass encoder_tensors exactly when source_finetune is on")
         self.encoder_tensors = encoder_tensors
         if encoder_tensors:  # the rows (and so the row cache) depend on the fine-tuned encoder too
             h = hashlib.sha256()
             for k, v in sorted(encoder_tensors.items()):
                 h.update(k.encode())
                 h.update(v.numpy().tobytes())
-            self.manifest.setdefault("encoder", {})["finetuned_sha256"] = h.hexdigest()
+            enc = dict(self.manifest.get("encoder") or {})
+            if enc.get("finetuned_sha256") not in (None, h.hexdigest()):
+                raise ArtifactError("the fine-tuned encoder tensors do not match their recorded sha256 "
+                                    f"{enc['finetuned_sha256'][:12]}: the artifact is damaged, train it again")
+            self.manifest["encoder"] = {**enc, "finetuned_sha256": h.hexdigest()}
         if config.rows % bridge.per_input or (config.source != "embedder" and bridge.per_input != 1):
             raise ConfigError(f"rows={config.rows} does not fit this bridge ({bridge.per_input} rows per input vector, "
                               f"source {config.source})")
@@ -278,7 +283,8 @@ class XRAGCompressor(Compressor):
             cfg["embedder"] = {"id": model_id(self.config.embedder), "sha256": model_fingerprint(self.config.embedder),
                                "dim": self.bridge.in_dim}
         if self.config.source == "encoder":
-            cfg["encoder"] = self.manifest.get("encoder") or {"sha256": self.source.artifact_id}
+            enc = self.manifest.get("encoder") or {}
+            cfg["encoder"] = {**enc, "sha256": enc.get("sha256") or self.source.artifact_id}
         tensors = {k: v.numpy() for k, v in self.bridge.tensors().items()}
         tensors.update({DECODER_LORA + k: v.numpy() for k, v in (self.adapter or {}).items()})
         tensors.update({ENCODER + k: v.numpy() for k, v in (self.encoder_tensors or {}).items()})
@@ -312,8 +318,9 @@ class XRAGCompressor(Compressor):
         if tuple(t["fc1.weight"].shape) != (b["width"], b["in_dim"]) or \
                 tuple(t["fc2.weight"].shape) != (b["out_dim"] * per, b["width"]):
             raise ArtifactError(f"artifact {directory}: bridge tensors do not match the recorded sizes {b}")
-        fixed = {k: cfg["config"][k] for k in ("source", "source_layer", "source_dtype", "source_runs", "source_finetune", "rows",
+        fixed = {k: cfg["config"][k] for k in ("source", "source_layer", "source_dtype", "source_runs", "rows",
                                                "decoder_lora_r", "decoder_lora_targets") if k in cfg["config"]}
+        fixed["source_finetune"] = cfg["config"].get("source_finetune", False)  # artifacts before it: off
         changed = sorted(k for k in fixed if k in overrides and overrides[k] != fixed[k])
         if changed:
             raise ConfigError(f"{changed[0]} is fixed by the trained bridge ({fixed[changed[0]]!r}); retrain to change it")
