@@ -11,7 +11,9 @@ Cheng et al. 2024 (xRAG) train only the projector, in two stages, with retriever
 
 Only the bridge has gradients: the decoder is ``requires_grad_(False)`` (it still back-propagates into its
 inputs) and the bridge inputs (embedder vectors or the frozen decoder's pooled states) are computed once and
-cached. With ``XRAGConfig.decoder_lora_r`` > 0 a decoder LoRA (PISCO / COCOM) trains with the bridge; the
+cached (with ``XRAGConfig.source_finetune`` the encoder's trainable part learns too, so its slots are read at
+every step and the cached ones only standardise the bridge at the start). With ``XRAGConfig.decoder_lora_r`` > 0
+a decoder LoRA (PISCO / COCOM) trains with the bridge; the
 distillation teacher is read before it is injected, so the teacher stays the frozen decoder. Logits are computed
 only at target positions. Data order and instruction choice are functions of (seed, stage, step), so ``resume``
 continues exactly: the state (bridge, decoder LoRA, AdamW moments, step) is checkpointed every
