@@ -181,11 +181,7 @@ def load_encoder_source(config: Any, expect_id: str | None = None,
         raise ArtifactError(f"source_encoder={config.source_encoder!r} is encoder {comp.artifact_id[:12]}, but this "
                             f"bridge was trained on the slots of encoder {expect_id[:12]}: pass the encoder it was "
                             "trained with (source_encoder) or retrain the bridge")
-    want = bool(getattr(config, "source_finetune", False))
-    if bool(finetuned) != want:
-        raise ConfigError(f"source_finetune={want} but {len(finetuned or {})} fine-tuned encoder tensors given: pass "
-                          "them exactly when source_finetune is on")
-    if finetuned:
+    if finetuned:  # XRAGCompressor checks that they are given exactly when source_finetune is on
         comp.encoder.load_trainable(finetuned, ("encoder",))
     comp.encoder.eval()
     return EncoderSource(comp, config.source_runs, config.rows // config.source_runs, config.embed_batch_size)

@@ -75,15 +75,12 @@ class XRAGCompressor(Compressor):
                               "encoder tensors given: pass encoder_tensors exactly when source_finetune is on")
         self.encoder_tensors = encoder_tensors
         if encoder_tensors:  # the rows (and so the row cache) depend on the fine-tuned encoder too
-            h = hashlib.sha256()
-            for k, v in sorted(encoder_tensors.items()):
-                h.update(k.encode())
-                h.update(v.numpy().tobytes())
+            digest = _update_with(hashlib.sha256(), encoder_tensors).hexdigest()
             enc = dict(self.manifest.get("encoder") or {})
-            if enc.get("finetuned_sha256") not in (None, h.hexdigest()):
+            if enc.get("finetuned_sha256") not in (None, digest):
                 raise ArtifactError("the fine-tuned encoder tensors do not match their recorded sha256 "
                                     f"{enc['finetuned_sha256'][:12]}: the artifact is damaged, train it again")
-            self.manifest["encoder"] = {**enc, "finetuned_sha256": h.hexdigest()}
+            self.manifest["encoder"] = {**enc, "finetuned_sha256": digest}
         if config.rows % bridge.per_input or (config.source != "embedder" and bridge.per_input != 1):
             raise ConfigError(f"rows={config.rows} does not fit this bridge ({bridge.per_input} rows per input vector, "
                               f"source {config.source})")
@@ -100,10 +97,7 @@ class XRAGCompressor(Compressor):
         h = hashlib.sha256(json.dumps([self.config.input_key(), self.config.rows, self.manifest.get("decoder"),
                                        self.manifest.get("embedder"), self.manifest.get("encoder")], sort_keys=True,
                                       default=str).encode())
-        for k, v in sorted(self.bridge.tensors().items()):
-            h.update(k.encode())
-            h.update(v.numpy().tobytes())
-        return h.hexdigest()[:24]
+        return _update_with(h, self.bridge.tensors()).hexdigest()[:24]
 
     @property
     def trained(self) -> bool:
@@ -298,8 +292,7 @@ class XRAGCompressor(Compressor):
         """Load a bridge. ``decoder``/``embedder`` default to the named models it was trained with; models
         with other weights (by sha256) are refused. An untrained control needs ``allow_untrained=True``."""
         cfg, t = read_artifact(directory, "xrag", FORMAT_VERSION)
-        adapter = {k[len(DECODER_LORA):]: torch.from_numpy(t.pop(k).copy()) for k in list(t) if k.startswith(DECODER_LORA)}
-        enc = {k[len(ENCODER):]: torch.from_numpy(t.pop(k).copy()) for k in list(t) if k.startswith(ENCODER)}
+        adapter, enc = _take(t, DECODER_LORA), _take(t, ENCODER)
         if bool(enc) != bool(cfg["config"].get("source_finetune", False)):
             raise ArtifactError(f"artifact {directory}: source_finetune={cfg['config'].get('source_finetune', False)} "
                                 f"but {len(enc)} fine-tuned encoder tensors; the artifact is damaged, train it again")
@@ -331,6 +324,19 @@ class XRAGCompressor(Compressor):
         bridge.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in t.items()}, strict=False)
         return cls(counter, config, bridge, index=index, manifest=cfg, adapter=adapter or None,
                    encoder_tensors=enc or None)
+
+
+def _update_with(h: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """``h`` (a hashlib object) updated with each tensor's name and bytes, in name order; returns ``h``."""
+    for k, v in sorted(tensors.items()):
+        h.update(k.encode())
+        h.update(v.numpy().tobytes())
+    return h
+
+
+def _take(tensors: dict[str, Any], prefix: str) -> dict[str, torch.Tensor]:
+    """The artifact tensors under ``prefix``, removed from ``tensors``, with the prefix cut off."""
+    return {k[len(prefix):]: torch.from_numpy(tensors.pop(k).copy()) for k in list(tensors) if k.startswith(prefix)}
 
 
 def load_xrag(counter: TokenCounter, artifact: str | Path | None = None, decoder: str | None = None,
