@@ -26,7 +26,8 @@ from .cache import TensorCache
 from .prompt import PromptBuilder
 from .training import QARecord, answer_ids, text_prompt
 
-__all__ = ["Target", "teacher_targets", "stop_ids", "distill_loss", "soft_answer", "score_soft_answers"]
+__all__ = ["Target", "teacher_targets", "stop_ids", "distill_loss", "mean_logp", "contrast_loss", "soft_answer",
+           "score_soft_answers"]
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,26 @@ def distill_loss(logits: torch.Tensor, targets: Sequence[Target], temperature: f
     if not parts:
         return logits.new_zeros(())
     return torch.cat(parts).mean() * temperature * temperature
+
+
+def mean_logp(logits: torch.Tensor, labels: torch.Tensor, n_targets: Sequence[int]) -> torch.Tensor:
+    """Per sequence, the mean log-probability of its target tokens: ``[len(n_targets)]`` (``logits`` and
+    ``labels`` are the targets of all sequences concatenated in order, ``n_targets[i]`` of them for sequence i,
+    as :func:`~compressor.training.target_logits` returns them)."""
+    lp = torch.log_softmax(logits.float(), -1).gather(1, labels[:, None])[:, 0]
+    return torch.stack([part.mean() for part in lp.split(list(n_targets))])
+
+
+def contrast_loss(own: torch.Tensor, negatives: dict[str, torch.Tensor], beta: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """The contrastive term of the soft families (``ContrastConfig``): for each kind of negative, the mean over
+    records of ``softplus(-beta * (own - negative))`` (own, negative: each record's mean target log-probability
+    under its own rows and under the negative's), averaged over the kinds; and what the step log records (the
+    term, and each gap: ``logp_gap`` for the other record's rows, ``logp_gap_<kind>`` for the rest)."""
+    gaps = {kind: own - neg for kind, neg in negatives.items()}
+    term = torch.stack([torch.nn.functional.softplus(-beta * gap).mean() for gap in gaps.values()]).mean()
+    return term, {"contrast": round(term.item(), 5),
+                  **{("logp_gap" if kind == "other" else f"logp_gap_{kind}"): round(gap.mean().item(), 5)
+                     for kind, gap in gaps.items()}}
 
 
 @torch.no_grad()

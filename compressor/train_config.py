@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Literal
 
-__all__ = ["StagedTrainConfig"]
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["StagedTrainConfig", "ContrastConfig"]
 
 
 class StagedTrainConfig(BaseModel):
@@ -39,3 +41,28 @@ class StagedTrainConfig(BaseModel):
         (that run trained with them), so that adding a setting does not strand older runs."""
         fields = type(self).model_fields
         return {**{k: fields[k].default for k in self.resume_key() if k in fields}, **saved}
+
+
+class ContrastConfig(BaseModel):
+    """The stage-2 contrastive term of the trained soft families (a loss only the soft rows can lower): each
+    record's target must be likelier (mean token log-probability) under its own rows than under negatives'
+    rows, by a logistic loss on the difference (:func:`compressor.distill.contrast_loss`)."""
+
+    contrast_weight: float = Field(
+        default=0.0, ge=0.0, le=100.0, description="Stage 2: weight of a contrastive term: each record's target "
+        "answer must be likelier (mean token log-probability) under its own rows than under contrast_negatives' "
+        "rows; logistic loss on the difference times contrast_beta. 0: off (each negative adds a forward pass).")
+    contrast_beta: float = Field(default=2.0, gt=0.0, le=100.0, description="Scale of the contrastive difference.")
+    contrast_negatives: Literal["other", "zeroed", "both"] = Field(
+        default="other", description="What the own rows are contrasted with: the next record's rows (other; "
+        "training can also win by making those rows harmful), zeroed rows (zeroed; a fixed baseline, only "
+        "information the own rows add counts), or both, the two terms averaged.")
+
+    @model_validator(mode="after")
+    def _check_contrast(self) -> ContrastConfig:
+        if (self.contrast_weight > 0 and self.contrast_negatives != "zeroed"
+                and getattr(self, "batch_size", 2) < 2):
+            raise ValueError(f"contrast_negatives={self.contrast_negatives!r} reads the next record's rows in the "
+                             "batch, and a batch of 1 has none: set batch_size to 2 or more, or contrast_negatives "
+                             "to 'zeroed'")
+        return self

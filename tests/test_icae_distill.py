@@ -271,3 +271,32 @@ def test_train_chunk_script_resumes_the_committed_checkpoint_and_writes_a_loadab
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
     missing = subprocess.run(script, env={**env, "SRC": str(tmp_path / "nothing")}, capture_output=True, text=True)
     assert missing.returncode == 2 and "no " in missing.stderr and "args.txt" in missing.stderr
+
+
+def test_contrastive_term_reads_the_next_records_passages_and_zeroed_slots(tiny_model_dir, tmp_path):
+    """contrast_weight > 0: each stage-2 step also scores every record's target from the next record's passages
+    (its slots, titles and layout, the record's own question) and from zeroed slots, and logs the gaps."""
+    import math
+
+    start, _ = _train(tiny_model_dir, tmp_path / "s", steps=(2, 0), config=_cfg(tiny_model_dir))
+    init = str(start.save_pretrained(tmp_path / "init", trained=True))
+    _train(tiny_model_dir, tmp_path / "c", steps=(0, 2), train_encoder=False, init_from=init, contrast_weight=1.0,
+           contrast_negatives="both")
+    lines = [json.loads(x) for x in (tmp_path / "c" / "train_log.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 and all(x["contrast"] > 0 and "logp_gap" in x and "logp_gap_zeroed" in x for x in lines)
+    assert any(x["logp_gap"] != 0 for x in lines)  # other records' passages change the target's likelihood
+    with pytest.raises(ValueError, match="batch_size"):
+        ICAETrainConfig(contrast_weight=1.0, batch_size=1)
+    # the same record twice: the next record's passages are its own, so the gap is 0 and the term log 2
+    twice = [QA[0], QARecord(QA[0].question, QA[0].passages, QA[0].answer, QA[0].answers, QA[0].evidence)]
+    tc = ICAETrainConfig(stage1_steps=0, stage2_steps=1, batch_size=2, precision="fp32", stage2_targets="distill",
+                         distill_top_k=8, train_encoder=False, init_from=init, contrast_weight=1.0)
+    train_icae([], twice, tmp_path / "t", _cfg(tiny_model_dir, decoder_lora_r=4), tc, progress=False,
+               log=lambda s: None)
+    x = json.loads((tmp_path / "t" / "train_log.jsonl").read_text().splitlines()[0])
+    assert abs(x["logp_gap"]) < 1e-5 and abs(x["contrast"] - math.log(2)) < 1e-5
+    # zeroed slots alone: one record a batch is enough, and the term is softplus(-beta * gap)
+    tz = tc.model_copy(update={"batch_size": 1, "contrast_negatives": "zeroed", "contrast_beta": 3.0})
+    train_icae([], QA, tmp_path / "z", _cfg(tiny_model_dir, decoder_lora_r=4), tz, progress=False, log=lambda s: None)
+    x = json.loads((tmp_path / "z" / "train_log.jsonl").read_text().splitlines()[0])
+    assert "logp_gap" not in x and abs(x["contrast"] - math.log1p(math.exp(-3.0 * x["logp_gap_zeroed"]))) < 1e-4

@@ -417,13 +417,11 @@ def test_shared_prefix_is_run_once_with_the_same_logits_and_gradients(smol_token
 
 def test_contrastive_term_reads_the_next_records_rows(tiny_model_dir, tmp_path):
     """contrast_weight > 0: each stage-2 step also scores the targets under the next record's rows and logs the
-    logistic loss on the per-record gap of mean log-probabilities; _mean_logp splits the targets per record."""
-    from compressor.training import Seq
-    from compressor.xrag.train import _mean_logp
+    logistic loss on the per-record gap of mean log-probabilities; mean_logp splits the targets per record."""
+    from compressor.distill import mean_logp
 
     logits = torch.log(torch.tensor([[0.5, 0.5], [0.9, 0.1], [0.2, 0.8]]))
-    seqs = [Seq([0, 1], [], 1, 1), Seq([0, 1, 2], [], 1, 2)]
-    got = _mean_logp(logits, torch.tensor([0, 0, 1]), seqs)
+    got = mean_logp(logits, torch.tensor([0, 0, 1]), [1, 2])
     torch.testing.assert_close(got, torch.tensor([math.log(0.5), (math.log(0.9) + math.log(0.8)) / 2]))
     qa = [QARecord("What is the capital of France?", (PASSAGES[0],), "Paris", ("Paris",), (0,)),
           QARecord("What produces ATP?", (PASSAGES[1], PASSAGES[2]), "the mitochondrion", ("mitochondrion",), (0,))]

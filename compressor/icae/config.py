@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..train_config import StagedTrainConfig
+from ..train_config import ContrastConfig, StagedTrainConfig
 
 __all__ = ["ICAEConfig", "ICAETrainConfig", "FORMAT_VERSION", "SHIPPED_ARTIFACT"]
 
@@ -67,7 +67,7 @@ class ICAEConfig(BaseModel):
         return self.model_dump(include={"ratio", "segment_tokens", "accumulate"})
 
 
-class ICAETrainConfig(StagedTrainConfig):
+class ICAETrainConfig(ContrastConfig, StagedTrainConfig):
     """Two-stage training of the LoRA adapter, the memory rows and the special rows (the base stays frozen).
 
     Stage 1 (pretraining on plain text, Ge et al. 2024): each example is one segment; with probability
@@ -77,7 +77,9 @@ class ICAETrainConfig(StagedTrainConfig):
     of the stage (short segments first: cheap steps that teach the slots to carry tokens).
     Stage 2 (QA): the evaluation prompt with the passages' slots spliced in -> answer; NLL + ``kl_weight`` x
     KL to the same frozen decoder reading the passages as text (``stage2_targets="text"``), or to the frozen
-    decoder reading only the evidence passages (``"distill"``, :mod:`compressor.distill`)."""
+    decoder reading only the evidence passages (``"distill"``, :mod:`compressor.distill`); with
+    ``contrast_weight`` > 0, plus the contrastive term (:class:`~compressor.train_config.ContrastConfig`): the
+    target likelier from the record's own slots than from the next record's passages or from zeroed slots."""
 
     stage1_steps: int = Field(default=1400, ge=0, le=10_000_000, description="Pretraining steps (AE + LM).")
     stage2_steps: int = Field(default=200, ge=0, le=10_000_000, description="QA fine-tuning steps.")

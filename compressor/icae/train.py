@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..base import TokenCounter
-from ..distill import Target, distill_loss, teacher_targets
+from ..distill import Target, contrast_loss, distill_loss, mean_logp, teacher_targets
 from ..errors import ConfigError, InputError
 from ..prompt import PromptBuilder
 from ..training import QARecord, Seq, StagedRun, qa_layouts, seeded_batch, target_logits
@@ -187,11 +187,16 @@ def train_icae(
         batch = seeded_batch(len(qa), train.batch_size, i, train.seed, 2)
         records = [qa[j] for j in batch]
         p_tokens = [[list(tok(p.text, add_special_tokens=False)["input_ids"]) for p in r.passages] for r in records]
-        pairs = [qa_layouts(builder, r, [config.rows_for(len(t)) for t in pt], enc.hidden, ph, train.max_answer_tokens,
-                            target=None if targets is None else targets[j].ids)
-                 for r, pt, j in zip(records, p_tokens, batch, strict=True)]
+        own_targets = [None if targets is None else targets[j].ids for j in batch]
+
+        def layouts(recs: list[QARecord], toks: list[list[list[int]]]) -> list[tuple[Seq, Seq]]:
+            return [qa_layouts(builder, r, [config.rows_for(len(t)) for t in pt], enc.hidden, ph, train.max_answer_tokens,
+                               target=t_) for r, pt, t_ in zip(recs, toks, own_targets, strict=True)]
+
+        pairs = layouts(records, p_tokens)
         rows = slots_of([p.text for r in records for p in r.passages], [t for pt in p_tokens for t in pt])
         kl = torch.zeros(())
+        info: dict[str, Any] = {}
         with enc.decoder():
             logits = target_logits(enc.lm, [p[0] for p in pairs], ph, rows)
             labels = torch.tensor([t for s, _ in pairs for t in s.ids[s.n_prompt:]], device=logits.device)
@@ -199,20 +204,36 @@ def train_icae(
             if targets is not None:
                 mine = [targets[j] for j in batch]
                 kl = distill_loss(logits, mine, train.kl_temperature)
-                return nll + train.kl_weight * kl, {
-                    "nll": round(nll.item(), 5), "kl": round(kl.item(), 5), "target_tokens": int(labels.numel()),
-                    "teacher_targets": sum(t.source == "teacher" for t in mine),
-                    "passages": sum(len(r.passages) for r in records), "slots": int(rows.shape[0]),
-                    "slot_norm": round(float(rows.detach().norm(dim=-1).mean()), 4)}
-            if train.kl_weight > 0:
+                info = {"teacher_targets": sum(t.source == "teacher" for t in mine),
+                        "passages": sum(len(r.passages) for r in records), "slots": int(rows.shape[0])}
+            elif train.kl_weight > 0:
                 with torch.no_grad():
                     t_logits = target_logits(enc.lm, [p[1] for p in pairs], ph, None)
                 T = train.kl_temperature
                 kl = torch.nn.functional.kl_div(torch.log_softmax(logits / T, -1), torch.log_softmax(t_logits / T, -1),
                                                 log_target=True, reduction="batchmean") * T * T
-        return nll + train.kl_weight * kl, {"nll": round(nll.item(), 5), "kl": round(kl.item(), 5),
-                                            "target_tokens": int(labels.numel()),
-                                            "slot_norm": round(float(rows.detach().norm(dim=-1).mean()), 4)}
+            loss = nll + train.kl_weight * kl
+            if train.contrast_weight > 0:
+                n_t, negatives = [s.n_target for s, _ in pairs], {}
+                if train.contrast_negatives != "zeroed":  # batch_size >= 2 (the config checks it)
+                    # the question and its target read with the next record's passages (their slots, titles and
+                    # layout): the answer must be likelier from its own compressed context
+                    nxt = [(n + 1) % len(records) for n in range(len(records))]
+                    blocks = rows.split([sum(config.rows_for(len(t)) for t in pt) for pt in p_tokens])
+                    o_pairs = layouts([QARecord(r.question, records[m].passages, r.answer, r.answers)
+                                       for r, m in zip(records, nxt, strict=True)], [p_tokens[m] for m in nxt])
+                    o_logits = target_logits(enc.lm, [p[0] for p in o_pairs], ph, torch.cat([blocks[m] for m in nxt]))
+                    negatives["other"] = mean_logp(o_logits, labels, n_t)
+                if train.contrast_negatives != "other":
+                    # ... and likelier than with every slot zeroed, a baseline this term cannot push down
+                    with torch.no_grad():
+                        z_logits = target_logits(enc.lm, [p[0] for p in pairs], ph, torch.zeros_like(rows))
+                    negatives["zeroed"] = mean_logp(z_logits, labels, n_t)
+                contrast, extra = contrast_loss(mean_logp(logits, labels, n_t), negatives, train.contrast_beta)
+                loss = loss + train.contrast_weight * contrast
+                info.update(extra)
+        return loss, {"nll": round(nll.item(), 5), "kl": round(kl.item(), 5), "target_tokens": int(labels.numel()),
+                      **info, "slot_norm": round(float(rows.detach().norm(dim=-1).mean()), 4)}
 
     frozen_slots: dict[str, torch.Tensor] = {}
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..train_config import StagedTrainConfig
+from ..train_config import ContrastConfig, StagedTrainConfig
 
 __all__ = ["XRAGConfig", "XRAGTrainConfig", "FORMAT_VERSION", "SHIPPED_ARTIFACT"]
 
@@ -80,7 +80,7 @@ class XRAGConfig(BaseModel):
         return {"source": "decoder", "layer": self.source_layer, "pieces": self.rows, "dtype": self.source_dtype}
 
 
-class XRAGTrainConfig(StagedTrainConfig):
+class XRAGTrainConfig(ContrastConfig, StagedTrainConfig):
     """Two-stage training of the bridge (and of the decoder LoRA, when ``XRAGConfig.decoder_lora_r`` > 0; the base
     weights and the embedder stay frozen), after Cheng et al. 2024.
 
@@ -101,15 +101,6 @@ class XRAGTrainConfig(StagedTrainConfig):
         "as text in the same prompt (text, xRAG), or the cached answers and top-K distributions of the frozen "
         "decoder reading the evidence passages (distill, compressor.distill; needs records with evidence).")
     distill_top_k: int = Field(default=32, ge=1, le=1024, description="distill: teacher tokens kept per position.")
-    contrast_weight: float = Field(
-        default=0.0, ge=0.0, le=100.0, description="Stage 2: weight of a contrastive term: each record's target "
-        "answer must be likelier (mean token log-probability) under its own rows than under contrast_negatives' "
-        "rows; logistic loss on the difference times contrast_beta. 0: off (each negative adds a forward pass).")
-    contrast_beta: float = Field(default=2.0, gt=0.0, le=100.0, description="Scale of the contrastive difference.")
-    contrast_negatives: Literal["other", "zeroed", "both"] = Field(
-        default="other", description="What the own rows are contrasted with: the next record's rows (other; "
-        "training can also win by making those rows harmful), zeroed rows (zeroed; a fixed baseline, only "
-        "information the own rows add counts), or both, the two terms averaged.")
     max_passage_tokens: int = Field(default=128, ge=4, le=4096,
                                     description="Stage 1 target: passage tokens regenerated (longer ones are cut).")
     # Measured here (2 shared cores with AMX, batch 4, CPU-seconds a step): stage 1 bf16 14.1 / fp32 11.0,
@@ -117,11 +108,3 @@ class XRAGTrainConfig(StagedTrainConfig):
     precision: Literal["bf16", "fp32"] = Field(
         default="bf16", description="Decoder weights in bf16 (as at inference; bridge and losses stay fp32) or fp32.")
     seed: int = Field(default=0, description="Seed of data order, instruction choice and bridge init.")
-
-    @model_validator(mode="after")
-    def _check_contrast(self) -> XRAGTrainConfig:
-        if self.contrast_weight > 0 and self.contrast_negatives != "zeroed" and self.batch_size < 2:
-            raise ValueError(f"contrast_negatives={self.contrast_negatives!r} reads the next record's rows in the "
-                             "batch, and a batch of 1 has none: set batch_size to 2 or more, or contrast_negatives "
-                             "to 'zeroed'")
-        return self

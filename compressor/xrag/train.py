@@ -151,13 +151,6 @@ def _source_inputs(config: XRAGConfig, model: Any, tok: Any, passages: list[str]
     return lookup, source.dim, ({"encoder_sha256": source.artifact_id} if config.source == "encoder" else {}), source
 
 
-def _mean_logp(logits: torch.Tensor, labels: torch.Tensor, seqs: Sequence[Seq]) -> torch.Tensor:
-    """Per sequence, the mean log-probability of its target tokens: ``[len(seqs)]`` (logits and labels are the
-    targets of all sequences, concatenated in order, as :func:`~compressor.training.target_logits` returns them)."""
-    lp = torch.log_softmax(logits, -1).gather(1, labels[:, None])[:, 0]
-    return torch.stack([part.mean() for part in lp.split([s.n_target for s in seqs])])
-
-
 def train_xrag(
     texts: Sequence[str],
     qa: Sequence[QARecord],
@@ -181,7 +174,7 @@ def train_xrag(
     ``other_*``, each record read with the next one's rows, and ``zeroed_*``, zeroed rows).
     With ``stage2_targets="distill"``, ``accept(answer, record)`` says whether a teacher answer may be a target
     and the targets are cached under ``teacher_cache`` (default ``work_dir/teacher``)."""
-    from ..distill import distill_loss, score_soft_answers, teacher_targets
+    from ..distill import contrast_loss, distill_loss, mean_logp, score_soft_answers, teacher_targets
     from ..models import load_causal_lm, model_fingerprint
 
     config, train = config or XRAGConfig(), train or XRAGTrainConfig()
@@ -293,26 +286,21 @@ def train_xrag(
         loss = nll + (train.kl_weight * kl if stage == 2 else 0.0)
         extra: dict[str, Any] = {}
         if stage == 2 and train.contrast_weight > 0:
-            own, terms = _mean_logp(logits, labels, seqs), {}
+            n_t, negatives = [s.n_target for s in seqs], {}
             if train.contrast_negatives != "zeroed":  # batch_size >= 2 (the config checks it)
                 # the same targets read with the next record's rows: the answer must be likelier under its own
                 other = [seqs[(n + 1) % len(seqs)].texts or seqs[n].texts for n in range(len(seqs))]
                 o_logits = _target_logits(model, seqs, lay.ph, rows_of(
                     [o[m % len(o)] for s, o in zip(seqs, other) for m in range(len(s.texts))], memo))
-                terms["other"] = own - _mean_logp(o_logits, labels, seqs)
+                negatives["other"] = mean_logp(o_logits, labels, n_t)
             if train.contrast_negatives != "other":
                 # ... and likelier than with zeroed rows, a baseline training cannot move
                 zero = torch.zeros(sum(len(s.rows) for s in seqs), hidden)
                 with torch.no_grad():
                     z_logits = _target_logits(model, seqs, lay.ph, zero)
-                terms["zeroed"] = own - _mean_logp(z_logits, labels, seqs)
-            if terms:
-                contrast = torch.stack([torch.nn.functional.softplus(-train.contrast_beta * gap).mean()
-                                        for gap in terms.values()]).mean()
-                loss = loss + train.contrast_weight * contrast
-                extra = {"contrast": round(contrast.item(), 5),
-                         **{("logp_gap" if key == "other" else f"logp_gap_{key}"): round(gap.mean().item(), 5)
-                            for key, gap in terms.items()}}
+                negatives["zeroed"] = mean_logp(z_logits, labels, n_t)
+            contrast, extra = contrast_loss(mean_logp(logits, labels, n_t), negatives, train.contrast_beta)
+            loss = loss + train.contrast_weight * contrast
         return loss, {"nll": round(nll.item(), 5), "kl": round(kl.item(), 5), **extra,
                       "seq_len": max(len(s.ids) for s in seqs), "target_tokens": int(labels.numel())}
 
