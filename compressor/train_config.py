@@ -60,6 +60,7 @@ class ContrastConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_contrast(self) -> ContrastConfig:
+        # batch_size is the family config's own field (every family that mixes this in has one)
         if (self.contrast_weight > 0 and self.contrast_negatives != "zeroed"
                 and getattr(self, "batch_size", 2) < 2):
             raise ValueError(f"contrast_negatives={self.contrast_negatives!r} reads the next record's rows in the "

@@ -5,6 +5,7 @@ models from config with fixed seeds."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -276,8 +277,6 @@ def test_train_chunk_script_resumes_the_committed_checkpoint_and_writes_a_loadab
 def test_contrastive_term_reads_the_next_records_passages_and_zeroed_slots(tiny_model_dir, tmp_path):
     """contrast_weight > 0: each stage-2 step also scores every record's target from the next record's passages
     (its slots, titles and layout, the record's own question) and from zeroed slots, and logs the gaps."""
-    import math
-
     start, _ = _train(tiny_model_dir, tmp_path / "s", steps=(2, 0), config=_cfg(tiny_model_dir))
     init = str(start.save_pretrained(tmp_path / "init", trained=True))
     _train(tiny_model_dir, tmp_path / "c", steps=(0, 2), train_encoder=False, init_from=init, contrast_weight=1.0,
