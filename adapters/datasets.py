@@ -140,11 +140,14 @@ def _json_lines(path: Path, kind: str) -> Iterator[tuple[str, Any]]:
 
 def _json_file(path: Path, kind: str) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        return json.loads(raw.decode("utf-8"))
     except json.JSONDecodeError as e:
         raise InputError(f"{path}:{e.lineno}: not JSON ({e.msg}); {_FIX[kind]}") from None
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: not UTF-8 text ({e}); {_FIX[kind]}") from None
+    except (OSError, EOFError) as e:  # a .gz that is not gzip, or cut short
+        raise InputError(f"{path}: cannot be read as gzip ({type(e).__name__}: {e}); {_FIX[kind]}") from None
 
 
 def _hotpot_records(path: Path) -> Iterator[tuple[str, Any]]:

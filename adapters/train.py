@@ -35,6 +35,11 @@ class SoftData(BaseModel):
     n_stage1: int | None = Field(default=None, ge=0, description="Use at most this many stage-1 passages.")
     n_nq: int | None = Field(default=None, ge=0, description="Use at most this many NQ training questions.")
     n_squad: int | None = Field(default=None, ge=0, description="Use at most this many SQuAD training questions.")
+    squad_train: Path | None = Field(default=None, description="A SQuAD-format train file whose answerable questions "
+                                     "join stage 2 (training/data/squad_v2_train_first10articles.json.gz: 4,371 "
+                                     "questions of SQuAD v2 train, provenance in training/data/README.md).")
+    n_squad_train: int | None = Field(default=None, ge=0, description="Use at most this many of --squad-train's "
+                                      "questions.")
 
 
 def train_soft(family: str, config: Any, train: Any, data: SoftData, out: str | Path, work_dir: str | Path | None = None,
@@ -60,11 +65,13 @@ def train_soft(family: str, config: Any, train: Any, data: SoftData, out: str | 
         "score": lambda text, r: {"accuracy": accuracy(text, r.answers), "f1": f1_score(text, r.answers)}}
     out = Path(out)
     n_val = data.n_val if data.multi_passage or family == "xrag" else 0
+    more = {"squad_train_file": data.squad_train, "n_squad_train": data.n_squad_train}
     texts, qa, provenance = xrag_records(data.data, data.n_stage1, data.n_nq, data.n_squad,
-                                         0 if data.multi_passage else data.distractors, seed=train.seed, n_val=n_val)
+                                         0 if data.multi_passage else data.distractors, seed=train.seed, n_val=n_val,
+                                         **more)
     if data.multi_passage:
         qa, multi = distill_records(data.data, data.distractors or 9, data.n_nq, data.n_squad, data.n_hotpot,
-                                    seed=train.seed, n_val=n_val)
+                                    seed=train.seed, n_val=n_val, **more)
         provenance = {**provenance, **multi}
     if n_val:
         extra["val"], provenance["validation"] = distill_val_records(
@@ -103,10 +110,12 @@ def train_text_lora_artifact(cfg: TextLoRA, train: Any, data: SoftData, out: str
 
     if cfg.records == "xrag":  # the soft run's training records, with the same questions kept back for validation
         _, qa, provenance = xrag_records(data.data, 0, data.n_nq, data.n_squad, data.distractors, seed=train.seed,
-                                         n_val=data.n_val)
+                                         n_val=data.n_val, squad_train_file=data.squad_train,
+                                         n_squad_train=data.n_squad_train)
     else:
         qa, provenance = distill_records(data.data, data.distractors or 9, data.n_nq, data.n_squad, data.n_hotpot,
-                                         seed=train.seed, n_val=data.n_val)
+                                         seed=train.seed, n_val=data.n_val, squad_train_file=data.squad_train,
+                                         n_squad_train=data.n_squad_train)
     work = Path(work_dir) if work_dir else Path("runs") / "text-lora-train" / Path(out).name
     tensors, report = train_text_lora(qa, work, cfg.base, train, r=cfg.decoder_lora_r, targets=cfg.lora_targets,
                                       resume=resume, teacher_cache=data.teacher_cache,

@@ -21,10 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from compressor.base import Passage
+from compressor.errors import InputError
 
 from .datasets import QAExample, add_distractors, answer_sentence_evidence, corpus_of, load_dataset
 
-__all__ = ["EVAL_HOLDOUT", "distill_records", "distill_val_records", "sentinel_examples", "sentinel_records", "xrag_records"]
+__all__ = ["EVAL_HOLDOUT", "distill_records", "distill_val_records", "sentinel_examples", "sentinel_records",
+           "squad_train", "xrag_records"]
 
 EVAL_HOLDOUT = {"hotpotqa_a": 100, "nq": 400, "squad": 300}
 _VAL_FROM = 300  # NQ questions 300..399: the soft families' validation questions (benchmarks read 0..299 at most)
@@ -91,9 +93,25 @@ def _qa_sources(data_dir: str | Path, n_val: int = 0) -> tuple[list[QAExample], 
     return nq_all, sq_all, ha_all, hb, held_out
 
 
+def squad_train(path: str | Path, held_out: set[str], n: int | None = None) -> tuple[list[QAExample], str]:
+    """The answerable questions of a SQuAD-format *train* file (``--squad-train``; ``.gz`` read as gzip), those
+    whose paragraph is a held-out question's left out, cut to ``n``; and a provenance line naming the file and
+    its sha256. SQuAD's train and dev splits share no article, so nothing else of the evals can come in."""
+    import hashlib
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"--squad-train {path}: no such file; give a SQuAD-format train file, e.g. "
+                         "training/data/squad_v2_train_first10articles.json.gz")
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    examples = [e for e in load_dataset("squad", path) if e.answers and e.passages[0].text not in held_out][:n]
+    return examples, f"{len(examples)} SQuAD answerable questions of {path.name} (sha256 {sha[:16]})"
+
+
 def distill_records(data_dir: str | Path, max_distractors: int = 9, n_nq: int | None = None,
                     n_squad: int | None = None, n_hotpot: int | None = 200, seed: int = 0,
-                    n_val: int = 0) -> tuple[list[Any], dict]:
+                    n_val: int = 0, squad_train_file: str | Path | None = None,
+                    n_squad_train: int | None = None) -> tuple[list[Any], dict]:
     """Multi-passage ``QARecord`` s shaped like the benchmark's contexts, for distillation, and their provenance.
 
     NQ questions 400+ (gold passage, first answer) and answerable SQuAD questions 300+ (paragraph, shortest
@@ -119,7 +137,11 @@ def distill_records(data_dir: str | Path, max_distractors: int = 9, n_nq: int | 
               ("squad", add_distractors(sq_train, corpus(sq_all[EVAL_HOLDOUT["squad"]:]), max_distractors, seed))]
     hotpot = [e for e in hb + ha_all[EVAL_HOLDOUT["hotpotqa_a"]:] if not {p.text for p in e.passages} & held_out]
     groups.append(("hotpotqa", hotpot[:n_hotpot]))
-    records, ks = [], {"nq": [], "squad": []}
+    extra = None
+    if squad_train_file is not None:  # distractors from the same file's other paragraphs
+        more, extra = squad_train(squad_train_file, held_out, n_squad_train)
+        groups.append(("squad_train", add_distractors(more, corpus(more), max_distractors, seed)))
+    records, ks = [], {"nq": [], "squad": [], "squad_train": []}
     for name, examples in groups:
         for e in examples:
             gold = [p for p in e.passages if p.evidence]
@@ -129,7 +151,7 @@ def distill_records(data_dir: str | Path, max_distractors: int = 9, n_nq: int | 
                 rest = rest[: ks[name][-1]]
             ps = gold + rest
             rng.shuffle(ps)
-            answer = e.answers[0] if name != "squad" else min(e.answers, key=len)
+            answer = min(e.answers, key=len) if name.startswith("squad") else e.answers[0]
             records.append(QARecord(e.question, tuple(Passage(text=p.text, title=p.title) for p in ps), answer,
                                     tuple(e.answers), tuple(i for i, p in enumerate(ps) if p.evidence)))
     n_h = len(groups[2][1])
@@ -140,7 +162,9 @@ def distill_records(data_dir: str | Path, max_distractors: int = 9, n_nq: int | 
                   f"0..{max_distractors} (mean NQ {sum(ks['nq']) / max(1, len(ks['nq'])):.2f}, SQuAD "
                   f"{sum(ks['squad']) / max(1, len(ks['squad'])):.2f}); {n_h} HotpotQA (train_b, train_a"
                   f"[{EVAL_HOLDOUT['hotpotqa_a']}:]) with their 10 paragraphs; passage order shuffled (seed {seed}); "
-                  "distractors from training questions' passages only",
+                  "distractors from training questions' passages only"
+                  + (f"; + {extra}, paragraph + k distractor paragraphs of that file, k uniform in "
+                     f"0..{max_distractors}" if extra else ""),
         "teacher": "the frozen decoder reading only the gold passage (HotpotQA: the paragraphs holding supporting "
                    "facts); its answer is the target where it contains a gold answer, else the gold answer",
         "eval_holdout": "first 400 NQ, first 300 answerable SQuAD, first 100 hotpotqa_train_a questions and their "
@@ -176,7 +200,8 @@ def distill_val_records(data_dir: str | Path, n: int = 50, distractors: int = 9,
 
 def xrag_records(data_dir: str | Path, n_stage1: int | None = None, n_nq: int | None = None,
                  n_squad: int | None = None, distractors: int = 0, min_words: int = 20,
-                 seed: int = 0, n_val: int = 0) -> tuple[list[str], list[Any], dict]:
+                 seed: int = 0, n_val: int = 0, squad_train_file: str | Path | None = None,
+                 n_squad_train: int | None = None) -> tuple[list[str], list[Any], dict]:
     """Plain records for ``train_xrag``: (stage-1 passage texts, stage-2 ``QARecord`` s, data description).
 
     Stage 1: abstracts (paragraphs of at least ``min_words`` words), NQ gold passages of questions 400+,
@@ -185,7 +210,8 @@ def xrag_records(data_dir: str | Path, n_stage1: int | None = None, n_nq: int | 
     then answerable SQuAD questions 300+ with their paragraph and shortest answer. ``distractors`` K > 0 adds K
     BM25 passages (from training questions' passages only) around each NQ gold passage: K + 1 rows, as top-K
     retrieval gives at eval time. The NQ questions ``n_val`` validation records take are left out
-    (:func:`val_tail`)."""
+    (:func:`val_tail`). ``squad_train_file``: a SQuAD-format train file whose answerable questions (paragraph,
+    shortest answer) follow in stage 2 (:func:`squad_train`)."""
     from compressor.xrag.train import QARecord
 
     nq_all, sq_all, ha_all, hb, held_out = _qa_sources(data_dir, n_val)
@@ -218,6 +244,11 @@ def xrag_records(data_dir: str | Path, n_stage1: int | None = None, n_nq: int | 
                    tuple(e.answers), tuple(i for i, p in enumerate(e.passages) if p.evidence)) for e in nq_train]
     qa += [QARecord(e.question, (Passage(text=e.passages[0].text, title=e.passages[0].title),),
                     min(e.answers, key=len), tuple(e.answers)) for e in sq_train]
+    extra = None
+    if squad_train_file is not None:
+        more, extra = squad_train(squad_train_file, held_out, n_squad_train)
+        qa += [QARecord(e.question, (Passage(text=e.passages[0].text, title=e.passages[0].title),),
+                        min(e.answers, key=len), tuple(e.answers)) for e in more]
     data = {
         "stage1": f"{len(stage1)} of {len(texts)} passages: abstracts {counts['abstracts']}, NQ gold passages of questions "
                   f"{EVAL_HOLDOUT['nq']}+ {counts['nq']}, HotpotQA paragraphs (train_b, train_a[100:]) "
@@ -225,7 +256,8 @@ def xrag_records(data_dir: str | Path, n_stage1: int | None = None, n_nq: int | 
                   "eval passages excluded" + (f", cut to {n_stage1}" if n_stage1 else ""),
         "stage2": f"{len(nq_train)} NQ questions (nq-open-oracle-even[{EVAL_HOLDOUT['nq']}:], gold passage"
                   + (f" + {distractors} BM25 distractors" if distractors else "") + ", first answer) + "
-                  f"{len(sq_train)} SQuAD answerable[{EVAL_HOLDOUT['squad']}:] (paragraph, shortest answer)",
+                  f"{len(sq_train)} SQuAD answerable[{EVAL_HOLDOUT['squad']}:] (paragraph, shortest answer)"
+                  + (f" + {extra} (paragraph, shortest answer)" if extra else ""),
         "eval_holdout": "first 400 NQ, first 300 answerable SQuAD, first 100 hotpotqa_train_a questions and their "
                         "passages never trained on",
     }

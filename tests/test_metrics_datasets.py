@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import DATA, HOTPOT, NQ, SQUAD
@@ -197,3 +198,49 @@ def test_text_baseline_reads_the_records_of_the_soft_run_it_stands_beside(monkey
     want = xrag_records(DATA, 0, n_val=130)[1]
     assert [r.question for r in seen["qa"]] == [r.question for r in want] and len(want) > 1000
     assert all(len(r.passages) == 1 for r in seen["qa"])
+
+
+def test_squad_train_file_joins_stage_2_with_its_provenance(tmp_path):
+    """``--squad-train``: a SQuAD-format train file's answerable questions follow the shared data's in both
+    families' records (paragraph, shortest answer; icae's with distractor paragraphs of the same file), the card
+    names the file and its sha256, a paragraph of a held-out eval question is left out, and a missing or broken
+    file is one line naming it."""
+    import gzip
+    import hashlib
+
+    from adapters.training_data import distill_records, squad_train, xrag_records
+
+    path = Path(__file__).resolve().parents[1] / "training" / "data" / "squad_v2_train_first10articles.json.gz"
+    _, base, _ = xrag_records(DATA, n_stage1=0)
+    _, qa, data = xrag_records(DATA, n_stage1=0, squad_train_file=path)
+    more = qa[len(base):]
+    assert [r.question for r in qa[:len(base)]] == [r.question for r in base] and len(more) == 4371
+    assert more[0].question == "When did Beyonce start becoming popular?" and more[0].answer == "in the late 1990s"
+    assert all(len(r.passages) == 1 and r.answer == min(r.answers, key=len) for r in more)
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    assert f"4371 SQuAD answerable questions of {path.name} (sha256 {sha})" in data["stage2"]
+
+    small = tmp_path / "train.json.gz"  # a held-out eval paragraph inside a train file is not trained on
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    eval_para = load_dataset("squad", SQUAD)[0].passages[0].text
+    doc["data"] = doc["data"][:1]
+    doc["data"][0]["paragraphs"] = doc["data"][0]["paragraphs"][:3]
+    doc["data"][0]["paragraphs"][1]["context"] = eval_para
+    small.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    held = {eval_para}
+    kept, _ = squad_train(small, held)
+    assert kept and all(e.passages[0].text != eval_para for e in kept)
+    recs, prov = distill_records(DATA, 3, n_nq=5, n_squad=5, n_hotpot=2, squad_train_file=small)
+    mine = recs[-len(kept):]
+    assert [r.question for r in mine] == [e.question for e in kept] and "k distractor paragraphs of that file" in \
+        prov["stage2"]
+    texts = {p.text for e in kept for p in e.passages}
+    assert all(len(r.passages) <= 4 and {p.text for p in r.passages} <= texts for r in mine)
+    assert all(r.passages[i].text in texts for r in mine for i in r.evidence)
+
+    with pytest.raises(InputError, match=r"^--squad-train .*nope.json: no such file"):
+        squad_train(tmp_path / "nope.json", set())
+    bad = tmp_path / "bad.json.gz"
+    bad.write_bytes(b"not gzip")
+    with pytest.raises(InputError, match=r"bad.json.gz: cannot be read as gzip"):
+        squad_train(bad, set())
