@@ -96,7 +96,9 @@ def _qa_sources(data_dir: str | Path, n_val: int = 0) -> tuple[list[QAExample], 
 def squad_train(path: str | Path, held_out: set[str], n: int | None = None) -> tuple[list[QAExample], str]:
     """The answerable questions of a SQuAD-format *train* file (``--squad-train``; ``.gz`` read as gzip), those
     whose paragraph is a held-out question's left out, cut to ``n``; and a provenance line naming the file and
-    its sha256. SQuAD's train and dev splits share no article, so nothing else of the evals can come in."""
+    its sha256. ``n`` questions are taken evenly spread over the file (question ``i * len / n``), so a cut still
+    covers every article. SQuAD's train and dev splits share no article, so nothing else of the evals can come
+    in."""
     import hashlib
 
     path = Path(path)
@@ -104,7 +106,9 @@ def squad_train(path: str | Path, held_out: set[str], n: int | None = None) -> t
         raise InputError(f"--squad-train {path}: no such file; give a SQuAD-format train file, e.g. "
                          "training/data/squad_v2_train_first10articles.json.gz")
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
-    examples = [e for e in load_dataset("squad", path) if e.answers and e.passages[0].text not in held_out][:n]
+    examples = [e for e in load_dataset("squad", path) if e.answers and e.passages[0].text not in held_out]
+    if n is not None and n < len(examples):
+        examples = [examples[i * len(examples) // n] for i in range(n)]
     return examples, f"{len(examples)} SQuAD answerable questions of {path.name} (sha256 {sha[:16]})"
 
 

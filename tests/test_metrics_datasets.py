@@ -219,6 +219,9 @@ def test_squad_train_file_joins_stage_2_with_its_provenance(tmp_path):
     assert all(len(r.passages) == 1 and r.answer == min(r.answers, key=len) for r in more)
     sha = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
     assert f"4371 SQuAD answerable questions of {path.name} (sha256 {sha})" in data["stage2"]
+    cut = xrag_records(DATA, n_stage1=0, squad_train_file=path, n_squad_train=100)[1][len(base):]
+    assert [r.question for r in cut] == [more[i * 4371 // 100].question for i in range(100)]
+    assert len({r.passages[0].title for r in cut}) == 10  # every article, not the first one's questions
 
     small = tmp_path / "train.json.gz"  # a held-out eval paragraph inside a train file is not trained on
     doc = json.loads(gzip.decompress(path.read_bytes()))
