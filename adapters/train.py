@@ -41,6 +41,10 @@ class SoftData(BaseModel):
     n_squad_train: int | None = Field(default=None, ge=0, description="Use at most this many of --squad-train's "
                                       "questions.")
 
+    def more_questions(self) -> dict[str, Any]:
+        """The ``--squad-train`` keywords of the record builders (:mod:`adapters.training_data`)."""
+        return {"squad_train_file": self.squad_train, "n_squad_train": self.n_squad_train}
+
 
 def train_soft(family: str, config: Any, train: Any, data: SoftData, out: str | Path, work_dir: str | Path | None = None,
                resume: bool = False) -> tuple[Path, dict[str, Any]]:
@@ -65,7 +69,7 @@ def train_soft(family: str, config: Any, train: Any, data: SoftData, out: str | 
         "score": lambda text, r: {"accuracy": accuracy(text, r.answers), "f1": f1_score(text, r.answers)}}
     out = Path(out)
     n_val = data.n_val if data.multi_passage or family == "xrag" else 0
-    more = {"squad_train_file": data.squad_train, "n_squad_train": data.n_squad_train}
+    more = data.more_questions()
     texts, qa, provenance = xrag_records(data.data, data.n_stage1, data.n_nq, data.n_squad,
                                          0 if data.multi_passage else data.distractors, seed=train.seed, n_val=n_val,
                                          **more)
@@ -110,12 +114,10 @@ def train_text_lora_artifact(cfg: TextLoRA, train: Any, data: SoftData, out: str
 
     if cfg.records == "xrag":  # the soft run's training records, with the same questions kept back for validation
         _, qa, provenance = xrag_records(data.data, 0, data.n_nq, data.n_squad, data.distractors, seed=train.seed,
-                                         n_val=data.n_val, squad_train_file=data.squad_train,
-                                         n_squad_train=data.n_squad_train)
+                                         n_val=data.n_val, **data.more_questions())
     else:
         qa, provenance = distill_records(data.data, data.distractors or 9, data.n_nq, data.n_squad, data.n_hotpot,
-                                         seed=train.seed, n_val=data.n_val, squad_train_file=data.squad_train,
-                                         n_squad_train=data.n_squad_train)
+                                         seed=train.seed, n_val=data.n_val, **data.more_questions())
     work = Path(work_dir) if work_dir else Path("runs") / "text-lora-train" / Path(out).name
     tensors, report = train_text_lora(qa, work, cfg.base, train, r=cfg.decoder_lora_r, targets=cfg.lora_targets,
                                       resume=resume, teacher_cache=data.teacher_cache,

@@ -246,13 +246,11 @@ def xrag_records(data_dir: str | Path, n_stage1: int | None = None, n_nq: int | 
     sq_train = [e for e in sq if e.answers and e.passages[0].text not in held_out][:n_squad]
     qa = [QARecord(e.question, tuple(Passage(text=p.text, title=p.title) for p in e.passages), e.answers[0],
                    tuple(e.answers), tuple(i for i, p in enumerate(e.passages) if p.evidence)) for e in nq_train]
-    qa += [QARecord(e.question, (Passage(text=e.passages[0].text, title=e.passages[0].title),),
-                    min(e.answers, key=len), tuple(e.answers)) for e in sq_train]
-    extra = None
+    extra, more = None, []
     if squad_train_file is not None:
         more, extra = squad_train(squad_train_file, held_out, n_squad_train)
-        qa += [QARecord(e.question, (Passage(text=e.passages[0].text, title=e.passages[0].title),),
-                        min(e.answers, key=len), tuple(e.answers)) for e in more]
+    qa += [QARecord(e.question, (Passage(text=e.passages[0].text, title=e.passages[0].title),),
+                    min(e.answers, key=len), tuple(e.answers)) for e in sq_train + more]
     data = {
         "stage1": f"{len(stage1)} of {len(texts)} passages: abstracts {counts['abstracts']}, NQ gold passages of questions "
                   f"{EVAL_HOLDOUT['nq']}+ {counts['nq']}, HotpotQA paragraphs (train_b, train_a[100:]) "
